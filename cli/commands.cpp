@@ -1,0 +1,130 @@
+#include "cli/commands.h"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "core/config.h"
+#include "core/step.h"
+#include "fixtures/fixtures.h"
+#include "harness/step_dump.h"
+#include "reference/step.h"
+
+namespace dflash::cli {
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void print_step_table(const Config& c, const StepInputs& in, const StepResult& r,
+                      const std::string& source, int threads, double secs) {
+  const int64_t B = in.input_ids.size(0), S = in.input_ids.size(1);
+  const int64_t N = in.anchors.num_anchors(), bs = c.data.block_size;
+  fmt::print("dflash step  build=reference  source={}\n", source);
+  fmt::print("  dtype={} threads={}  B={} S={} N={} bs={} Q={} V={} H={} drafter_layers={}\n",
+             dtype_name(c.run.dtype), threads, B, S, N, bs, N * bs, c.target.vocab_size,
+             c.target.shape.hidden_size, c.drafter.num_hidden_layers);
+  fmt::print("  kept blocks {} of {}, weight sum {:.6g}\n\n", r.out.kept_blocks.item<int64_t>(),
+             B * N, r.out.weight_sum.item<double>());
+  fmt::print("  {:<12} {:>16}\n", "metric", "value");
+  fmt::print("  {:<12} {:>16.8f}\n", "loss", r.out.loss.item<double>());
+  fmt::print("  {:<12} {:>16.8f}\n", "ce", r.out.ce.item<double>());
+  fmt::print("  {:<12} {:>16.8f}\n", "kl", r.out.kl.item<double>());
+  fmt::print("  {:<12} {:>16.6f}\n", "tau", r.out.tau());
+  fmt::print("  {:<12} {:>16.8e}\n", "grad norm", r.grad_norm);
+  fmt::print("  {:<12} {:>16.3f}\n\n", "seconds", secs);
+  const at::Tensor acc = r.out.accuracy();
+  fmt::print("  {:<6} {:>10} {:>8} {:>8}\n", "slot", "accuracy", "correct", "counted");
+  for (int64_t k = 0; k < bs; ++k)
+    fmt::print("  {:<6} {:>10.4f} {:>8} {:>8}\n", k, acc[k].item<double>(),
+               r.out.correct[k].item<int64_t>(), r.out.counted[k].item<int64_t>());
+}
+
+std::string bits_of(const at::Tensor& scalar) {
+  if (scalar.scalar_type() == at::kDouble) {
+    double v = scalar.item<double>();
+    uint64_t b;
+    std::memcpy(&b, &v, 8);
+    return fmt::format("{:.17g} (0x{:016x})", v, b);
+  }
+  float v = scalar.to(at::kFloat).item<float>();
+  uint32_t b;
+  std::memcpy(&b, &v, 4);
+  return fmt::format("{:.9g} (0x{:08x})", v, b);
+}
+
+// Compares a recomputed step with the outputs and gradients a dump recorded.
+bool compare_recorded(const harness::StepDump& d, const StepResult& r) {
+  auto it = d.recorded.find("output.loss");
+  if (it == d.recorded.end()) {
+    fmt::print("\n  the file records no output.loss: nothing to compare\n");
+    return false;
+  }
+  const at::Tensor now = r.out.loss.detach().to(it->second.scalar_type());
+  const bool same = at::equal(now, it->second);
+  fmt::print("\n  loss recorded   {}\n  loss recomputed {}\n  bit for bit: {}\n",
+             bits_of(it->second), bits_of(now), same ? "yes" : "NO");
+  double worst = 0;
+  std::string worst_name = "-";
+  for (const auto& [name, g] : r.grads) {
+    auto rec = d.recorded.find("grad." + name);
+    if (rec == d.recorded.end() || !g.defined()) continue;
+    const double diff =
+        (g.to(at::kDouble) - rec->second.to(at::kDouble)).abs().max().item<double>();
+    if (diff >= worst) worst = diff, worst_name = name;
+  }
+  fmt::print("  gradients: max |recomputed - recorded| = {:.3e} ({})\n", worst, worst_name);
+  return same;
+}
+
+}  // namespace
+
+int cmd_step(const StepArgs& a) {
+  if (!a.from.empty()) {
+    harness::StepDump d = harness::read_step_dump(a.from);
+    const int threads = configure_threads(a.threads >= 0 ? a.threads : d.config.run.threads);
+    const auto t0 = std::chrono::steady_clock::now();
+    StepResult r = run_step(reference::drafter_step, d.config, d.drafter, d.frozen, d.inputs);
+    print_step_table(d.config, d.inputs, r, a.from, threads, seconds_since(t0));
+    const bool same = compare_recorded(d, r);
+    return (a.check && !same) ? 1 : 0;
+  }
+  const Config c = load_config(a.config);
+  const int threads = configure_threads(a.threads >= 0 ? a.threads : c.run.threads);
+  const auto t0 = std::chrono::steady_clock::now();
+  const TargetWeights target = fixtures::make_target(c);
+  const DrafterWeights drafter = fixtures::make_drafter(c);
+  const StepInputs in = fixtures::make_step_inputs(c, target, a.step);
+  StepResult r = run_step(reference::drafter_step, c, drafter, target.frozen(), in);
+  print_step_table(c, in, r, a.config, threads, seconds_since(t0));
+  return 0;
+}
+
+int cmd_dump(const DumpArgs& a) {
+  const Config c = load_config(a.config);
+  configure_threads(a.threads >= 0 ? a.threads : c.run.threads);
+  const TargetWeights target = fixtures::make_target(c);
+  const DrafterWeights drafter = fixtures::make_drafter(c);
+  const StepInputs in = fixtures::make_step_inputs(c, target, a.step);
+  StepResult r = run_step(reference::drafter_step, c, drafter, target.frozen(), in);
+  harness::write_step_dump(a.out, c, drafter, target.frozen(), in, r);
+  fmt::print("wrote {}: loss {}\n", a.out, bits_of(r.out.loss.detach()));
+  return 0;
+}
+
+int cmd_validate(const ValidateArgs& a) {
+  const Config c = load_config(a.config);
+  if (a.print == "json")
+    fmt::print("{}\n", config_to_json(c).dump(2));
+  else if (a.print == "toml")
+    fmt::print("{}", config_to_toml(c));
+  else
+    fmt::print("{}: ok\n", a.config);
+  return 0;
+}
+
+}  // namespace dflash::cli

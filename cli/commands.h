@@ -1,0 +1,31 @@
+// The `dflash` subcommands. Each returns the process exit code.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace dflash::cli {
+
+struct StepArgs {
+  std::string config;    // --config: run one fixture step
+  std::string from;      // --from: recompute a dumped step
+  uint64_t step = 0;     // --step: which fixture step (batch and anchors)
+  int64_t threads = -1;  // --threads: overrides run.threads when >= 0
+  bool check = false;    // --check: exit 1 unless the recorded loss is reproduced bit for bit
+};
+int cmd_step(const StepArgs& a);
+
+struct DumpArgs {
+  std::string config, out;
+  uint64_t step = 0;
+  int64_t threads = -1;
+};
+int cmd_dump(const DumpArgs& a);
+
+struct ValidateArgs {
+  std::string config;
+  std::string print;  // "", "toml" or "json"
+};
+int cmd_validate(const ValidateArgs& a);
+
+}  // namespace dflash::cli

@@ -1,0 +1,56 @@
+# One loop registers every test: each `<area>/<name>_test.cpp` beside the code
+# it covers becomes an executable whose GoogleTest cases ctest lists one by one.
+# Files named `*_nightly_test.cpp` form the nightly suite (label `nightly`);
+# everything else is the quick suite (label `quick`).
+
+find_package(GTest REQUIRED)
+find_package(rapidcheck REQUIRED)
+include(GoogleTest)
+
+add_library(dflash_test_deps INTERFACE)
+target_link_libraries(dflash_test_deps INTERFACE
+  dflash_harness GTest::gtest GTest::gtest_main rapidcheck rapidcheck_gtest)
+
+file(GLOB DFLASH_TEST_SOURCES CONFIGURE_DEPENDS
+  ${PROJECT_SOURCE_DIR}/core/*_test.cpp
+  ${PROJECT_SOURCE_DIR}/reference/*_test.cpp
+  ${PROJECT_SOURCE_DIR}/fixtures/*_test.cpp
+  ${PROJECT_SOURCE_DIR}/harness/*_test.cpp
+  ${PROJECT_SOURCE_DIR}/optimized/*_test.cpp
+  ${PROJECT_SOURCE_DIR}/cli/*_test.cpp)
+
+foreach(src ${DFLASH_TEST_SOURCES})
+  get_filename_component(name ${src} NAME_WE)
+  get_filename_component(dir ${src} DIRECTORY)
+  get_filename_component(area ${dir} NAME)
+  set(exe ${area}_${name})
+  add_executable(${exe} ${src})
+  dflash_setup_target(${exe})
+  target_link_libraries(${exe} PRIVATE dflash_test_deps)
+  target_precompile_headers(${exe} REUSE_FROM dflash_pch)
+  if(name MATCHES "_nightly_test$")
+    set(label nightly)
+  else()
+    set(label quick)
+  endif()
+  gtest_discover_tests(${exe}
+    TEST_PREFIX "${area}."
+    DISCOVERY_MODE PRE_TEST
+    NO_PRETTY_VALUES
+    WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}
+    PROPERTIES LABELS ${label}
+               ENVIRONMENT "DFLASH_SOURCE_DIR=${PROJECT_SOURCE_DIR};DFLASH_BINARY=$<TARGET_FILE:dflash>")
+endforeach()
+
+# Command-line tests: the binary itself, driven by ci/cli_tests.sh.
+add_test(NAME cli.dump_then_step_from_is_bitwise
+  COMMAND bash ${PROJECT_SOURCE_DIR}/ci/cli_tests.sh dump_roundtrip $<TARGET_FILE:dflash>
+  WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+add_test(NAME cli.every_subcommand_has_help
+  COMMAND bash ${PROJECT_SOURCE_DIR}/ci/cli_tests.sh help $<TARGET_FILE:dflash>
+  WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+add_test(NAME cli.bad_config_names_file_and_key
+  COMMAND bash ${PROJECT_SOURCE_DIR}/ci/cli_tests.sh bad_config $<TARGET_FILE:dflash>
+  WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+set_tests_properties(cli.dump_then_step_from_is_bitwise cli.every_subcommand_has_help
+  cli.bad_config_names_file_and_key PROPERTIES LABELS quick)

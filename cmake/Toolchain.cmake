@@ -1,0 +1,31 @@
+# Compile-time hygiene: ccache, lld, warnings, and one precompiled header that
+# every dflash target reuses (a TU with <ATen/ATen.h> costs ~5 s with it).
+
+find_program(DFLASH_CCACHE ccache)
+if(DFLASH_CCACHE AND NOT CMAKE_CXX_COMPILER_LAUNCHER)
+  # Precompiled headers are only cacheable with this sloppiness.
+  set(CMAKE_CXX_COMPILER_LAUNCHER
+      "${CMAKE_COMMAND};-E;env;CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime;${DFLASH_CCACHE}")
+endif()
+
+include(CheckLinkerFlag)
+check_linker_flag(CXX "-fuse-ld=lld" DFLASH_HAVE_LLD)
+if(DFLASH_HAVE_LLD)
+  add_link_options("-fuse-ld=lld")
+endif()
+
+# Applied to every dflash target so the precompiled header stays reusable
+# (gcc rejects a PCH built with different flags).
+function(dflash_setup_target tgt)
+  target_compile_options(${tgt} PRIVATE -Wall -Wextra -Wno-unused-parameter -Winvalid-pch)
+  target_include_directories(${tgt} PUBLIC ${PROJECT_SOURCE_DIR})
+endfunction()
+
+# A dflash library: sources, its dependencies, and the shared PCH.
+function(dflash_library name)
+  cmake_parse_arguments(A "" "" "SOURCES;DEPS" ${ARGN})
+  add_library(${name} STATIC ${A_SOURCES})
+  dflash_setup_target(${name})
+  target_link_libraries(${name} PUBLIC ${A_DEPS} ${TORCH_LIBRARIES})
+  target_precompile_headers(${name} REUSE_FROM dflash_pch)
+endfunction()

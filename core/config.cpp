@@ -1,0 +1,356 @@
+// TOML/JSON -> Config, with messages that name file, key, expectation and
+// finding. Parsing (types, unknown keys) and validation (values, cross-field
+// rules) are separate passes so configs built in code get the same checks.
+#include "core/config.h"
+
+#include <fmt/format.h>
+#include <toml++/toml.h>
+
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+namespace dflash {
+
+const char* dtype_name(DType d) {
+  switch (d) {
+    case DType::kFloat32:
+      return "float32";
+    case DType::kFloat64:
+      return "float64";
+    case DType::kBFloat16:
+      return "bfloat16";
+  }
+  return "?";
+}
+
+namespace {
+
+std::string describe(const toml::node& n) {
+  std::ostringstream os;
+  switch (n.type()) {
+    case toml::node_type::string:
+      os << "string \"" << *n.value<std::string>() << '"';
+      break;
+    case toml::node_type::integer:
+      os << "integer " << *n.value<int64_t>();
+      break;
+    case toml::node_type::floating_point:
+      os << "float " << *n.value<double>();
+      break;
+    case toml::node_type::boolean:
+      os << "boolean " << (*n.value<bool>() ? "true" : "false");
+      break;
+    case toml::node_type::array:
+      os << "an array";
+      break;
+    case toml::node_type::table:
+      os << "a table";
+      break;
+    default:
+      os << "a date/time";
+      break;
+  }
+  if (n.source().begin.line > 0) os << " (line " << n.source().begin.line << ")";
+  return os.str();
+}
+
+// One [section] of the file: typed getters that remember which keys were
+// read, so anything left over is reported as unknown.
+class Section {
+ public:
+  Section(const toml::table* t, const std::string& label, std::string name)
+      : t_(t), label_(label), name_(std::move(name)) {}
+
+  bool has(const char* key) const { return t_ && t_->contains(key); }
+
+  int64_t integer(const char* key, std::optional<int64_t> def) {
+    const toml::node* n = find(key, def.has_value());
+    if (!n) return *def;
+    if (!n->is_integer()) fail(key, "an integer", describe(*n));
+    return *n->value<int64_t>();
+  }
+  double number(const char* key, std::optional<double> def) {
+    const toml::node* n = find(key, def.has_value());
+    if (!n) return *def;
+    if (!n->is_number()) fail(key, "a number", describe(*n));
+    double v = *n->value<double>();
+    if (!std::isfinite(v)) fail(key, "a finite number", describe(*n));
+    return v;
+  }
+  bool boolean(const char* key, bool def) {
+    const toml::node* n = find(key, true);
+    if (!n) return def;
+    if (!n->is_boolean()) fail(key, "true or false", describe(*n));
+    return *n->value<bool>();
+  }
+  std::string string(const char* key, std::optional<std::string> def) {
+    const toml::node* n = find(key, def.has_value());
+    if (!n) return *def;
+    if (!n->is_string()) fail(key, "a string", describe(*n));
+    return *n->value<std::string>();
+  }
+  std::vector<int64_t> int_list(const char* key, std::vector<int64_t> def) {
+    const toml::node* n = find(key, true);
+    if (!n) return def;
+    std::vector<int64_t> out;
+    if (!n->is_array()) fail(key, "an array of integers", describe(*n));
+    for (const toml::node& e : *n->as_array()) {
+      if (!e.is_integer()) fail(key, "an array of integers", "an element that is " + describe(e));
+      out.push_back(*e.value<int64_t>());
+    }
+    return out;
+  }
+  // A number, or an array of numbers (one per rank).
+  std::vector<double> number_list(const char* key) {
+    const toml::node* n = find(key, true);
+    if (!n) return {};
+    if (n->is_number()) return {*n->value<double>()};
+    if (!n->is_array()) fail(key, "a number or an array of numbers", describe(*n));
+    std::vector<double> out;
+    for (const toml::node& e : *n->as_array()) {
+      if (!e.is_number()) fail(key, "an array of numbers", "an element that is " + describe(e));
+      out.push_back(*e.value<double>());
+    }
+    return out;
+  }
+
+  void reject_unknown() const {
+    if (!t_) return;
+    for (auto&& [k, v] : *t_) {
+      std::string key(k.str());
+      if (!seen_.count(key)) {
+        std::string known;
+        for (const auto& s : seen_) known += (known.empty() ? "" : ", ") + s;
+        fail(key.c_str(), "one of the known keys (" + known + ")",
+             "unknown key" + (v.source().begin.line > 0
+                                  ? fmt::format(" (line {})", v.source().begin.line)
+                                  : ""));
+      }
+    }
+  }
+
+ private:
+  const toml::node* find(const char* key, bool optional) {
+    seen_.insert(key);
+    const toml::node* n = t_ ? t_->get(key) : nullptr;
+    if (!n && !optional) fail(key, "a value (required key)", "nothing");
+    return n;
+  }
+  [[noreturn]] void fail(const char* key, const std::string& expected,
+                         const std::string& found) const {
+    throw ConfigError(
+        fmt::format("{}: {}.{}: expected {}, found {}", label_, name_, key, expected, found));
+  }
+
+  const toml::table* t_;
+  const std::string& label_;
+  std::string name_;
+  std::set<std::string> seen_;
+};
+
+LayerShape read_shape(Section& s, const LayerShape* defaults) {
+  auto dflt_i = [&](int64_t LayerShape::*m) -> std::optional<int64_t> {
+    if (defaults) return (*defaults).*m;
+    return std::nullopt;
+  };
+  LayerShape l;
+  l.hidden_size = s.integer("hidden_size", dflt_i(&LayerShape::hidden_size));
+  l.num_attention_heads =
+      s.integer("num_attention_heads", dflt_i(&LayerShape::num_attention_heads));
+  l.num_key_value_heads =
+      s.integer("num_key_value_heads", dflt_i(&LayerShape::num_key_value_heads));
+  l.head_dim = s.integer("head_dim", dflt_i(&LayerShape::head_dim));
+  l.intermediate_size = s.integer("intermediate_size", dflt_i(&LayerShape::intermediate_size));
+  l.rope_theta = s.number("rope_theta", defaults ? defaults->rope_theta : 1e6);
+  l.rms_norm_eps = s.number("rms_norm_eps", defaults ? defaults->rms_norm_eps : 1e-6);
+  return l;
+}
+
+const toml::table* section_table(const toml::table& root, const std::string& label,
+                                 const char* name, bool required) {
+  const toml::node* n = root.get(name);
+  if (!n) {
+    if (required)
+      throw ConfigError(
+          fmt::format("{}: [{}]: expected a section, found nothing (required)", label, name));
+    return nullptr;
+  }
+  if (!n->is_table())
+    throw ConfigError(
+        fmt::format("{}: {}: expected a [{}] section, found {}", label, name, name, describe(*n)));
+  return n->as_table();
+}
+
+DType parse_dtype(const std::string& s, const std::string& label) {
+  if (s == "float32") return DType::kFloat32;
+  if (s == "float64") return DType::kFloat64;
+  if (s == "bfloat16") return DType::kBFloat16;
+  throw ConfigError(fmt::format(
+      "{}: run.dtype: expected \"float32\", \"float64\" or \"bfloat16\", found \"{}\"", label, s));
+}
+
+Config from_table(const toml::table& root, const std::string& label) {
+  static const std::set<std::string> kSections = {"target", "drafter", "data",
+                                                  "loss",   "run",     "topology"};
+  for (auto&& [k, v] : root) {
+    std::string key(k.str());
+    if (!kSections.count(key))
+      throw ConfigError(
+          fmt::format("{}: {}: expected one of the sections [target], [drafter], [data], [loss], "
+                      "[run], [topology], found unknown key",
+                      label, key));
+  }
+  Config c;
+  c.path = label;
+
+  Section t(section_table(root, label, "target", true), label, "target");
+  c.target.source = t.string("source", "fixture");
+  c.target.vocab_size = t.integer("vocab_size", std::nullopt);
+  c.target.num_hidden_layers = t.integer("num_hidden_layers", std::nullopt);
+  c.target.shape = read_shape(t, nullptr);
+  c.target.tie_word_embeddings = t.boolean("tie_word_embeddings", false);
+  c.target.init_std = t.number("init_std", 0.02);
+  c.target.norm_init_jitter = t.number("norm_init_jitter", 0.0);
+  t.reject_unknown();
+
+  // Drafter layers default to the target's shape ("shaped like the target's").
+  Section d(section_table(root, label, "drafter", true), label, "drafter");
+  c.drafter.num_hidden_layers = d.integer("num_hidden_layers", std::nullopt);
+  c.drafter.shape = read_shape(d, &c.target.shape);
+  c.drafter.target_layer_ids = d.int_list("target_layer_ids", {});
+  if (!d.has("target_layer_ids") && c.drafter.num_hidden_layers >= 1)
+    c.drafter.target_layer_ids =
+        default_target_layer_ids(c.target.num_hidden_layers, c.drafter.num_hidden_layers);
+  c.drafter.init_std = d.number("init_std", 0.02);
+  c.drafter.norm_init_jitter = d.number("norm_init_jitter", 0.0);
+  d.reject_unknown();
+
+  Section da(section_table(root, label, "data", true), label, "data");
+  c.data.source = da.string("source", "fixture");
+  c.data.batch_size = da.integer("batch_size", std::nullopt);
+  c.data.seq_len = da.integer("seq_len", std::nullopt);
+  c.data.block_size = da.integer("block_size", std::nullopt);
+  c.data.max_anchors = da.integer("max_anchors", std::nullopt);
+  c.data.mask_token_id = da.integer("mask_token_id", std::nullopt);
+  da.reject_unknown();
+
+  Section l(section_table(root, label, "loss", false), label, "loss");
+  c.loss.ce_weight = l.number("ce_weight", 1.0);
+  c.loss.kl_weight = l.number("kl_weight", 0.0);
+  c.loss.temperature = l.number("temperature", 1.0);
+  c.loss.gamma = l.number("gamma", 0.0);
+  c.loss.chunk_size = l.integer("chunk_size", 0);
+  l.reject_unknown();
+
+  Section r(section_table(root, label, "run", false), label, "run");
+  int64_t seed = r.integer("seed", 0);
+  if (seed < 0)
+    throw ConfigError(fmt::format("{}: run.seed: expected an integer >= 0, found {}", label, seed));
+  c.run.seed = uint64_t(seed);
+  c.run.dtype = parse_dtype(r.string("dtype", "float32"), label);
+  c.run.threads = r.integer("threads", 0);
+  r.reject_unknown();
+
+  Section tp(section_table(root, label, "topology", false), label, "topology");
+  c.topology.world_size = tp.integer("world_size", 1);
+  c.topology.target_ranks = tp.int_list("target_ranks", {0});
+  c.topology.drafter_ranks = tp.int_list("drafter_ranks", {0});
+  c.topology.device = tp.string("device", "cpu");
+  c.topology.device_memory_gb = tp.number_list("device_memory_gb");
+  if (c.topology.device_memory_gb.size() == 1 && c.topology.world_size > 1)
+    c.topology.device_memory_gb.assign(size_t(c.topology.world_size),
+                                       c.topology.device_memory_gb[0]);
+  tp.reject_unknown();
+
+  validate_config(c);
+  return c;
+}
+
+}  // namespace
+
+Config parse_config_toml(const std::string& text, const std::string& label) {
+  toml::table root;
+  try {
+    root = toml::parse(text, label);
+  } catch (const toml::parse_error& e) {
+    throw ConfigError(fmt::format("{}: line {}, column {}: not valid TOML: {}", label,
+                                  e.source().begin.line, e.source().begin.column, e.description()));
+  }
+  return from_table(root, label);
+}
+
+Config load_config(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw ConfigError(fmt::format("{}: cannot open config file", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse_config_toml(ss.str(), path);
+}
+
+namespace {
+
+toml::array json_array_to_toml(const nlohmann::json& j, const std::string& label);
+
+void insert_json(toml::table& t, const std::string& key, const nlohmann::json& v,
+                 const std::string& label);
+
+toml::table json_object_to_toml(const nlohmann::json& j, const std::string& label) {
+  toml::table t;
+  for (auto it = j.begin(); it != j.end(); ++it) insert_json(t, it.key(), it.value(), label);
+  return t;
+}
+
+template <typename Sink>
+void emit_json_value(Sink&& sink, const nlohmann::json& v, const std::string& what,
+                     const std::string& label) {
+  if (v.is_object())
+    sink(json_object_to_toml(v, label));
+  else if (v.is_array())
+    sink(json_array_to_toml(v, label));
+  else if (v.is_boolean())
+    sink(v.get<bool>());
+  else if (v.is_number_integer())
+    sink(v.get<int64_t>());
+  else if (v.is_number_float())
+    sink(v.get<double>());
+  else if (v.is_string())
+    sink(v.get<std::string>());
+  else
+    throw ConfigError(fmt::format("{}: {}: expected a value, found null", label, what));
+}
+
+void insert_json(toml::table& t, const std::string& key, const nlohmann::json& v,
+                 const std::string& label) {
+  emit_json_value([&](auto&& x) { t.insert_or_assign(key, std::forward<decltype(x)>(x)); }, v, key,
+                  label);
+}
+
+toml::array json_array_to_toml(const nlohmann::json& j, const std::string& label) {
+  toml::array a;
+  for (const auto& e : j)
+    emit_json_value([&](auto&& x) { a.push_back(std::forward<decltype(x)>(x)); }, e,
+                    "array element", label);
+  return a;
+}
+
+}  // namespace
+
+Config parse_config_json(const nlohmann::json& j, const std::string& label) {
+  if (!j.is_object())
+    throw ConfigError(fmt::format("{}: expected a JSON object, found {}", label, j.type_name()));
+  return from_table(json_object_to_toml(j, label), label);
+}
+
+std::vector<int64_t> default_target_layer_ids(int64_t nt, int64_t nd) {
+  if (nd == 1) return {nt / 2};
+  const double start = 1.0, end = double(nt - 3), span = end - start;
+  std::vector<int64_t> ids;
+  for (int64_t i = 0; i < nd; ++i)
+    ids.push_back(int64_t(std::nearbyint(start + double(i) * span / double(nd - 1))));
+  return ids;
+}
+
+}  // namespace dflash

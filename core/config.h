@@ -1,0 +1,114 @@
+// The run configuration: TOML on disk (toml++), validated field by field.
+// Key names follow SPEC.md and the Hugging Face Qwen3 config (hidden_size,
+// num_attention_heads, ...). Every rejected value raises ConfigError with a
+// message naming the file, the key, what was expected and what was found.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json_fwd.hpp>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace dflash {
+
+struct ConfigError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+enum class DType { kFloat32, kFloat64, kBFloat16 };
+const char* dtype_name(DType d);
+
+// Attention/MLP shape shared by target and drafter decoder layers.
+struct LayerShape {
+  int64_t hidden_size = 0;
+  int64_t num_attention_heads = 0;  // nh
+  int64_t num_key_value_heads = 0;  // nkv, nh % nkv == 0
+  int64_t head_dim = 0;             // hd, even (RoPE halves)
+  int64_t intermediate_size = 0;    // I
+  double rope_theta = 1e6;
+  double rms_norm_eps = 1e-6;
+};
+
+struct TargetConfig {
+  std::string source = "fixture";  // "fixture": seeded init (fixtures/)
+  int64_t vocab_size = 0;          // V
+  int64_t num_hidden_layers = 0;   // Nt
+  LayerShape shape;
+  bool tie_word_embeddings = false;
+  double init_std = 0.02;         // fixture init: N(0, init_std) weights
+  double norm_init_jitter = 0.0;  // fixture init: norms 1 + jitter*N(0,1)
+};
+
+struct DrafterConfig {
+  int64_t num_hidden_layers = 0;          // Nd
+  LayerShape shape;                       // hidden_size == target's
+  std::vector<int64_t> target_layer_ids;  // L tapped target layers
+  double init_std = 0.02;
+  double norm_init_jitter = 0.0;
+};
+
+struct DataConfig {
+  std::string source = "fixture";  // "fixture": seeded prompt/response rows
+  int64_t batch_size = 0;          // B
+  int64_t seq_len = 0;             // S
+  int64_t block_size = 0;          // bs >= 2
+  int64_t max_anchors = 0;         // upper bound on N
+  int64_t mask_token_id = 0;       // < vocab_size
+};
+
+struct LossConfig {
+  double ce_weight = 1.0;
+  double kl_weight = 0.0;
+  double temperature = 1.0;  // T > 0, on both sides of the KL, no T^2
+  double gamma = 0.0;        // decay exp(-(k-1)/gamma); 0 = no decay
+  int64_t chunk_size = 0;    // loss chunk (positions); 0 = whole Q
+};
+
+struct RunConfig {
+  uint64_t seed = 0;
+  DType dtype = DType::kFloat32;
+  int64_t threads = 0;  // 0: OMP_NUM_THREADS, else the core count
+};
+
+// Which ranks run the target and which train drafters (SPEC.md's 8-GPU split).
+// world_size 1 means one process doing both.
+struct TopologyConfig {
+  int64_t world_size = 1;
+  std::vector<int64_t> target_ranks{0};
+  std::vector<int64_t> drafter_ranks{0};
+  std::string device = "cpu";            // "cpu" | "cuda"
+  std::vector<double> device_memory_gb;  // per rank (decimal GB); empty = unknown
+};
+
+struct Config {
+  std::string path;  // where it was read from, for error messages
+  TargetConfig target;
+  DrafterConfig drafter;
+  DataConfig data;
+  LossConfig loss;
+  RunConfig run;
+  TopologyConfig topology;
+
+  int64_t num_taps() const { return int64_t(drafter.target_layer_ids.size()); }
+};
+
+// Parse and validate. `label` names the source in messages (a path, or e.g.
+// "step.safetensors:__metadata__.config").
+Config load_config(const std::string& path);
+Config parse_config_toml(const std::string& text, const std::string& label);
+Config parse_config_json(const nlohmann::json& j, const std::string& label);
+
+// Cross-field validation (called by the parsers; exposed for tests and for
+// configs built in code).
+void validate_config(const Config& c);
+
+// The fully resolved config, SPEC.md names, sections as in the TOML.
+nlohmann::json config_to_json(const Config& c);
+std::string config_to_toml(const Config& c);
+
+// SPEC.md default tap rule: L = Nd ids spread evenly over [1, Nt-3], rounded
+// half to even like Python's round(); a single tap is layer Nt div 2.
+std::vector<int64_t> default_target_layer_ids(int64_t num_target_layers, int64_t num_draft_layers);
+
+}  // namespace dflash

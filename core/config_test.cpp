@@ -1,0 +1,198 @@
+// Config validation: one case per rejected-value class, each checking that
+// the message names the file and the key (DEVELOPERS.md: bad input gets a
+// clear error naming the file and field).
+#include "core/config.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+namespace dflash {
+namespace {
+
+const char* kBase = R"(
+[target]
+vocab_size = 64
+hidden_size = 32
+num_hidden_layers = 6
+num_attention_heads = 4
+num_key_value_heads = 2
+head_dim = 8
+intermediate_size = 48
+
+[drafter]
+num_hidden_layers = 2
+
+[data]
+batch_size = 2
+seq_len = 16
+block_size = 4
+max_anchors = 3
+mask_token_id = 63
+
+[loss]
+kl_weight = 0.5
+
+[run]
+seed = 7
+)";
+
+// Replaces the first line starting with `key =` (within the text) by `line`,
+// or appends `line` under `[section]` when `key` is empty.
+std::string with(const std::string& key, const std::string& line, const std::string& section = "") {
+  std::string s = kBase;
+  if (!key.empty()) {
+    size_t p = s.find("\n" + key + " =");
+    if (p == std::string::npos) throw std::logic_error("no key " + key);
+    size_t e = s.find('\n', p + 1);
+    return s.substr(0, p + 1) + line + s.substr(e);
+  }
+  size_t p = s.find("[" + section + "]\n");
+  if (p == std::string::npos) return s + "\n[" + section + "]\n" + line + "\n";
+  p += section.size() + 3;
+  return s.substr(0, p) + line + "\n" + s.substr(p);
+}
+
+std::string error_of(const std::string& text) {
+  try {
+    parse_config_toml(text, "case.toml");
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+struct Rejected {
+  const char* name;
+  std::string text;
+  const char* key;       // must appear in the message
+  const char* expected;  // and so must this fragment of the expectation
+};
+
+class ConfigRejects : public ::testing::TestWithParam<Rejected> {};
+
+TEST_P(ConfigRejects, MessageNamesFileAndKey) {
+  const Rejected& r = GetParam();
+  const std::string msg = error_of(r.text);
+  ASSERT_FALSE(msg.empty()) << r.name << ": config was accepted";
+  EXPECT_NE(msg.find("case.toml"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(r.key), std::string::npos) << msg;
+  EXPECT_NE(msg.find(r.expected), std::string::npos) << msg;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Classes, ConfigRejects,
+    ::testing::Values(
+        Rejected{"heads_not_dividing", with("num_attention_heads", "num_attention_heads = 3"),
+                 "target.num_attention_heads", "multiple of target.num_key_value_heads"},
+        Rejected{"head_dim_odd", with("head_dim", "head_dim = 7"), "target.head_dim", "even"},
+        Rejected{"block_size_below_2", with("block_size", "block_size = 1"), "data.block_size",
+                 ">= 2"},
+        Rejected{"mask_id_outside_vocab", with("mask_token_id", "mask_token_id = 64"),
+                 "data.mask_token_id", "[0, target.vocab_size = 64)"},
+        Rejected{"unknown_key", with("", "hiden_size = 3", "drafter"), "drafter.hiden_size",
+                 "known keys"},
+        Rejected{"unknown_section", kBase + std::string("\n[optimiser]\nlr = 1\n"), "optimiser",
+                 "sections"},
+        Rejected{"wrong_type", with("batch_size", "batch_size = \"two\""), "data.batch_size",
+                 "an integer"},
+        Rejected{"missing_required", with("vocab_size", "# none"), "target.vocab_size", "required"},
+        Rejected{"non_positive_size", with("seq_len", "seq_len = 1"), "data.seq_len", ">= 2"},
+        Rejected{"zero_heads", with("num_key_value_heads", "num_key_value_heads = 0"),
+                 "target.num_key_value_heads", ">= 1"},
+        Rejected{"unknown_dtype", with("seed", "seed = 7\ndtype = \"float16\""), "run.dtype",
+                 "float32"},
+        Rejected{"negative_seed", with("seed", "seed = -1"), "run.seed", ">= 0"},
+        Rejected{"layer_id_out_of_range", with("", "target_layer_ids = [1, 6]", "drafter"),
+                 "drafter.target_layer_ids", "[0, 6)"},
+        Rejected{"empty_layer_ids", with("", "target_layer_ids = []", "drafter"),
+                 "drafter.target_layer_ids", "at least one"},
+        Rejected{"drafter_hidden_mismatch", with("", "hidden_size = 16", "drafter"),
+                 "drafter.hidden_size", "target.hidden_size (32)"},
+        Rejected{"temperature_not_positive", with("kl_weight", "kl_weight = 0.5\ntemperature = 0"),
+                 "loss.temperature", "> 0"},
+        Rejected{"negative_gamma", with("kl_weight", "kl_weight = 0.5\ngamma = -1.0"), "loss.gamma",
+                 ">= 0"},
+        Rejected{"negative_weight", with("kl_weight", "kl_weight = -0.5"), "loss.kl_weight",
+                 ">= 0"},
+        Rejected{"both_weights_zero", with("kl_weight", "kl_weight = 0\nce_weight = 0"),
+                 "loss.ce_weight", "both 0"},
+        Rejected{"negative_chunk", with("kl_weight", "kl_weight = 0.5\nchunk_size = -2"),
+                 "loss.chunk_size", ">= 0"},
+        Rejected{"not_finite", with("kl_weight", "kl_weight = nan"), "loss.kl_weight", "finite"},
+        Rejected{"rank_out_of_range",
+                 with("", "world_size = 2\ntarget_ranks = [0]\ndrafter_ranks = [2]", "topology"),
+                 "topology.drafter_ranks", "[0, 2)"},
+        Rejected{"no_drafter_rank",
+                 with("", "world_size = 2\ntarget_ranks = [0, 1]\ndrafter_ranks = []", "topology"),
+                 "topology.drafter_ranks", "at least one drafter"},
+        Rejected{"rank_in_both_roles",
+                 with("", "world_size = 2\ntarget_ranks = [0, 1]\ndrafter_ranks = [1]", "topology"),
+                 "topology.drafter_ranks", "disjoint"},
+        Rejected{"rank_unassigned",
+                 with("", "world_size = 3\ntarget_ranks = [0]\ndrafter_ranks = [1]", "topology"),
+                 "topology.world_size", "every rank"},
+        Rejected{"memory_list_length",
+                 with("",
+                      "world_size = 2\ntarget_ranks = [0]\ndrafter_ranks = [1]\ndevice_memory_gb = "
+                      "[80.0, 80.0, 80.0]",
+                      "topology"),
+                 "topology.device_memory_gb", "one per rank"},
+        Rejected{"unknown_device", with("", "device = \"tpu\"", "topology"), "topology.device",
+                 "\"cpu\""},
+        Rejected{"not_toml", "[target\nvocab_size = 3", "line 1", "not valid TOML"}),
+    [](const ::testing::TestParamInfo<Rejected>& i) { return std::string(i.param.name); });
+
+TEST(Config, BaseIsValidAndResolvesDefaults) {
+  const Config c = parse_config_toml(kBase, "base.toml");
+  EXPECT_EQ(c.drafter.shape.hidden_size, 32);
+  EXPECT_EQ(c.drafter.shape.num_attention_heads, 4);  // inherited from the target
+  EXPECT_EQ(c.drafter.target_layer_ids, (std::vector<int64_t>{1, 3}));
+  EXPECT_DOUBLE_EQ(c.loss.ce_weight, 1.0);
+  EXPECT_EQ(c.run.dtype, DType::kFloat32);
+}
+
+TEST(Config, DefaultLayerIdsFollowSpecRule) {
+  // SPEC: spread evenly over [1, Nt-3], rounded half to even (Python round).
+  EXPECT_EQ(default_target_layer_ids(64, 5), (std::vector<int64_t>{1, 16, 31, 46, 61}));
+  EXPECT_EQ(default_target_layer_ids(36, 5), (std::vector<int64_t>{1, 9, 17, 25, 33}));
+  EXPECT_EQ(default_target_layer_ids(28, 1), (std::vector<int64_t>{14}));
+  // Nt = 7: 1 + 3/2 = 2.5 rounds to 2; Nt = 9: 1 + 5/2 = 3.5 rounds to 4.
+  EXPECT_EQ(default_target_layer_ids(7, 3), (std::vector<int64_t>{1, 2, 4}));
+  EXPECT_EQ(default_target_layer_ids(9, 3), (std::vector<int64_t>{1, 4, 6}));
+}
+
+TEST(Config, JsonAndTomlRoundTrip) {
+  const Config c = parse_config_toml(kBase, "base.toml");
+  const Config j = parse_config_json(config_to_json(c), "json");
+  EXPECT_EQ(config_to_json(j), config_to_json(c));
+  const Config t = parse_config_toml(config_to_toml(c), "printed.toml");
+  EXPECT_EQ(config_to_json(t), config_to_json(c));
+}
+
+TEST(Config, MissingFileIsNamed) {
+  try {
+    load_config("/nonexistent/dir/x.toml");
+    FAIL() << "accepted a missing file";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("/nonexistent/dir/x.toml"), std::string::npos);
+  }
+}
+
+TEST(Config, ShippedConfigsValidate) {
+  const std::string root =
+      std::getenv("DFLASH_SOURCE_DIR") ? std::getenv("DFLASH_SOURCE_DIR") : ".";
+  const Config tiny = load_config(root + "/fixtures/configs/tiny.toml");
+  EXPECT_EQ(tiny.run.dtype, DType::kFloat32);
+  const Config seed = load_config(root + "/fixtures/configs/seed-8gpu.toml");
+  EXPECT_EQ(seed.topology.world_size, 8);
+  EXPECT_EQ(seed.topology.target_ranks.size(), 5u);
+  EXPECT_EQ(seed.topology.drafter_ranks.size(), 3u);
+  EXPECT_EQ(seed.topology.device_memory_gb, std::vector<double>(8, 95.0));
+  EXPECT_EQ(seed.data.max_anchors * seed.data.block_size, 32768);  // Q
+  EXPECT_EQ(seed.data.seq_len + 32768, 81920);                     // key span
+  EXPECT_EQ(seed.drafter.target_layer_ids, (std::vector<int64_t>{1, 16, 31, 46, 61}));
+}
+
+}  // namespace
+}  // namespace dflash

@@ -1,0 +1,60 @@
+#include "harness/generators.h"
+
+#include <algorithm>
+
+namespace dflash::harness {
+namespace {
+
+LayerShape gen_shape(int64_t hidden) {
+  LayerShape s;
+  s.hidden_size = hidden;
+  s.num_key_value_heads = *rc::gen::inRange<int64_t>(1, 3);
+  s.num_attention_heads = s.num_key_value_heads * *rc::gen::inRange<int64_t>(1, 3);
+  s.head_dim = 2 * *rc::gen::inRange<int64_t>(1, 4);
+  s.intermediate_size = *rc::gen::inRange<int64_t>(4, 25);
+  s.rope_theta = *rc::gen::element(10000.0, 1e6);
+  s.rms_norm_eps = 1e-6;
+  return s;
+}
+
+std::vector<int64_t> gen_taps(int64_t num_target_layers) {
+  const auto n = *rc::gen::inRange<int64_t>(1, std::min<int64_t>(num_target_layers, 3) + 1);
+  std::vector<int64_t> taps;
+  for (int64_t i = 0; i < n; ++i) taps.push_back(*rc::gen::inRange<int64_t>(0, num_target_layers));
+  return taps;
+}
+
+}  // namespace
+
+rc::Gen<Config> gen_micro_config() {
+  return rc::gen::exec([] {
+    Config c;
+    c.path = "<generated>";
+    c.target.vocab_size = *rc::gen::inRange<int64_t>(8, 41);
+    c.target.num_hidden_layers = *rc::gen::inRange<int64_t>(1, 5);
+    c.target.shape = gen_shape(*rc::gen::element<int64_t>(8, 12, 16));
+    c.target.tie_word_embeddings = *rc::gen::arbitrary<bool>();
+    c.target.init_std = 0.2;
+    c.target.norm_init_jitter = 0.1;
+    c.drafter.num_hidden_layers = *rc::gen::inRange<int64_t>(1, 3);
+    c.drafter.shape = gen_shape(c.target.shape.hidden_size);
+    c.drafter.target_layer_ids = gen_taps(c.target.num_hidden_layers);
+    c.drafter.init_std = 0.2;
+    c.drafter.norm_init_jitter = 0.1;
+    c.data.batch_size = *rc::gen::inRange<int64_t>(1, 4);
+    c.data.seq_len = *rc::gen::inRange<int64_t>(3, 15);
+    c.data.block_size = *rc::gen::inRange<int64_t>(2, 6);
+    c.data.max_anchors = *rc::gen::inRange<int64_t>(1, 5);
+    c.data.mask_token_id = *rc::gen::inRange<int64_t>(0, c.target.vocab_size);
+    c.loss.ce_weight = *rc::gen::element(0.0, 0.5, 1.0);
+    c.loss.kl_weight = c.loss.ce_weight == 0 ? 1.0 : *rc::gen::element(0.0, 0.25, 1.0);
+    c.loss.temperature = *rc::gen::element(0.5, 1.0, 2.0);
+    c.loss.gamma = *rc::gen::element(0.0, 0.5, 4.0);
+    c.run.seed = *rc::gen::inRange<uint64_t>(0, 1000000);
+    c.run.dtype = DType::kFloat64;
+    validate_config(c);
+    return c;
+  });
+}
+
+}  // namespace dflash::harness

@@ -1,0 +1,27 @@
+// Nightly: the finite-difference check over generated configurations (every
+// shape corner the generator reaches), not just the quick suite's table.
+#include <gtest/gtest.h>
+#include <rapidcheck/gtest.h>
+
+#include "core/safetensors.h"
+#include "fixtures/fixtures.h"
+#include "harness/generators.h"
+#include "harness/gradcheck.h"
+#include "reference/step.h"
+
+namespace dflash::harness {
+namespace {
+
+RC_GTEST_PROP(ReferenceGradcheckNightly, GeneratedConfigsMatchFiniteDifferences, ()) {
+  const Config c = *gen_micro_config();
+  const TargetWeights target = fixtures::make_target(c);
+  const DrafterWeights w = fixtures::make_drafter(c);
+  const StepInputs in = fixtures::make_step_inputs(c, target, *rc::gen::inRange<uint64_t>(0, 50));
+  auto loss = [&] { return reference::drafter_step(c, w, target.frozen(), in).loss; };
+  const GradcheckReport rep = gradcheck(loss, named(w), {4, 1e-3, 1e-6, 1e-3, c.run.seed});
+  RC_LOG() << config_to_toml(c) << rep.format();
+  RC_ASSERT(rep.ok);
+}
+
+}  // namespace
+}  // namespace dflash::harness

@@ -1,0 +1,24 @@
+// The frozen Qwen3-style target forward (SPEC.md "Models"), run without grad.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include "core/config.h"
+#include "core/weights.h"
+
+namespace dflash::reference {
+
+struct TargetOutputs {
+  at::Tensor features;      // (B, S, L*H) outputs of the tapped layers, concatenated
+  at::Tensor final_hidden;  // (B, S, H) final RMSNorm output
+};
+
+// Runs under at::NoGradGuard. "The output of layer i" is the residual stream
+// after layer i (Hugging Face hidden_states[i + 1]).
+TargetOutputs target_forward(const Config& c, const TargetWeights& w,
+                             const at::Tensor& input_ids);  // (B, S) int64
+
+// Target logits for the final hidden states: (B, S, V).
+at::Tensor target_logits(const TargetWeights& w, const at::Tensor& final_hidden);
+
+}  // namespace dflash::reference
