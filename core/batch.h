@@ -62,6 +62,17 @@ DraftLayout make_draft_layout(const at::Tensor& input_ids,  // (B, S) int64
                               const Anchors& anchors, int64_t block_size, int64_t mask_token_id,
                               double gamma);
 
+// SPEC step 10 from per-slot hits (counted and argmax == label), shared by
+// both builds so they count identically.
+struct SlotMetrics {
+  at::Tensor correct;      // (bs) int64
+  at::Tensor counted;      // (bs) int64
+  at::Tensor accept_sum;   // () int64, leading correct counted slots k >= 1 per kept block
+  at::Tensor kept_blocks;  // () int64
+};
+SlotMetrics slot_metrics(const at::Tensor& hit,  // (B, Q) bool
+                         const DraftLayout& layout, const Anchors& a);
+
 // Loss decay for slot k: exp(-max(k-1, 0) / gamma), 1 when gamma == 0.
 double slot_decay(int64_t k, double gamma);
 

@@ -193,8 +193,8 @@ DType parse_dtype(const std::string& s, const std::string& label) {
 }
 
 Config from_table(const toml::table& root, const std::string& label) {
-  static const std::set<std::string> kSections = {"target", "drafter", "data",
-                                                  "loss",   "run",     "topology"};
+  static const std::set<std::string> kSections = {"target", "drafter",   "data",    "loss",
+                                                  "run",    "optimized", "topology"};
   for (auto&& [k, v] : root) {
     std::string key(k.str());
     if (!kSections.count(key))
@@ -253,6 +253,13 @@ Config from_table(const toml::table& root, const std::string& label) {
   c.run.dtype = parse_dtype(r.string("dtype", "float32"), label);
   c.run.threads = r.integer("threads", 0);
   r.reject_unknown();
+
+  Section o(section_table(root, label, "optimized", false), label, "optimized");
+  c.optimized.chunked_loss = o.boolean("chunked_loss", true);
+  c.optimized.sparse_attention = o.boolean("sparse_attention", true);
+  c.optimized.checkpoint_layers = o.boolean("checkpoint_layers", false);
+  c.optimized.attention_tile = o.integer("attention_tile", 256);
+  o.reject_unknown();
 
   Section tp(section_table(root, label, "topology", false), label, "topology");
   c.topology.world_size = tp.integer("world_size", 1);

@@ -71,6 +71,15 @@ struct RunConfig {
   int64_t threads = 0;  // 0: OMP_NUM_THREADS, else the core count
 };
 
+// Which tricks the optimized step uses; each can be turned off to debug
+// (the reference step ignores this section).
+struct OptimizedConfig {
+  bool chunked_loss = true;       // fused chunked LM-head loss (chunk = loss.chunk_size)
+  bool sparse_attention = true;   // tiled block-sparse attention, else dense
+  bool checkpoint_layers = false; // recompute each drafter layer in backward
+  int64_t attention_tile = 256;   // key tile of the sparse attention
+};
+
 // Which ranks run the target and which train drafters (SPEC.md's 8-GPU split).
 // world_size 1 means one process doing both.
 struct TopologyConfig {
@@ -88,6 +97,7 @@ struct Config {
   DataConfig data;
   LossConfig loss;
   RunConfig run;
+  OptimizedConfig optimized;
   TopologyConfig topology;
 
   int64_t num_taps() const { return int64_t(drafter.target_layer_ids.size()); }

@@ -120,6 +120,7 @@ void check_data_loss_run(const Checker& ck, const Config& c) {
   ck.at_least("loss.chunk_size", l.chunk_size, 0);
 
   ck.at_least("run.threads", c.run.threads, 0);
+  ck.at_least("optimized.attention_tile", c.optimized.attention_tile, 1);
 }
 
 void check_topology(const Checker& ck, const Config& c) {
@@ -197,6 +198,10 @@ nlohmann::json config_to_json(const Config& c) {
                {"gamma", c.loss.gamma},
                {"chunk_size", c.loss.chunk_size}};
   j["run"] = {{"seed", c.run.seed}, {"dtype", dtype_name(c.run.dtype)}, {"threads", c.run.threads}};
+  j["optimized"] = {{"chunked_loss", c.optimized.chunked_loss},
+                    {"sparse_attention", c.optimized.sparse_attention},
+                    {"checkpoint_layers", c.optimized.checkpoint_layers},
+                    {"attention_tile", c.optimized.attention_tile}};
   j["topology"] = {{"world_size", c.topology.world_size},
                    {"target_ranks", c.topology.target_ranks},
                    {"drafter_ranks", c.topology.drafter_ranks},
@@ -210,7 +215,7 @@ std::string config_to_toml(const Config& c) {
   // Same tree as the JSON form, printed section by section.
   nlohmann::json j = config_to_json(c);
   std::ostringstream os;
-  for (const char* sec : {"target", "drafter", "data", "loss", "run", "topology"}) {
+  for (const char* sec : {"target", "drafter", "data", "loss", "run", "optimized", "topology"}) {
     os << "[" << sec << "]\n";
     for (auto it = j[sec].begin(); it != j[sec].end(); ++it) {
       const auto& v = it.value();

@@ -140,6 +140,10 @@ INSTANTIATE_TEST_SUITE_P(
                  "topology.device_memory_gb", "one per rank"},
         Rejected{"unknown_device", with("", "device = \"tpu\"", "topology"), "topology.device",
                  "\"cpu\""},
+        Rejected{"tile_not_positive", with("", "attention_tile = 0", "optimized"),
+                 "optimized.attention_tile", ">= 1"},
+        Rejected{"switch_not_bool", with("", "chunked_loss = 1", "optimized"),
+                 "optimized.chunked_loss", "true or false"},
         Rejected{"not_toml", "[target\nvocab_size = 3", "line 1", "not valid TOML"}),
     [](const ::testing::TestParamInfo<Rejected>& i) { return std::string(i.param.name); });
 

@@ -7,6 +7,13 @@
 
 namespace dflash {
 
+void StepOutputs::set_metrics(const SlotMetrics& m) {
+  correct = m.correct;
+  counted = m.counted;
+  accept_sum = m.accept_sum;
+  kept_blocks = m.kept_blocks;
+}
+
 at::Tensor StepOutputs::accuracy() const {
   return correct.to(at::kDouble) / counted.clamp_min(1).to(at::kDouble);
 }

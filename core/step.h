@@ -36,6 +36,7 @@ struct StepOutputs {
   at::Tensor kept_blocks;     // () int64
   at::Tensor student_hidden;  // (B, Q, H) D, detached
 
+  void set_metrics(const SlotMetrics& m);
   at::Tensor accuracy() const;  // (bs) float64, correct / counted (0 where none)
   double tau() const;           // 1 + accept_sum / kept_blocks (1 when none kept)
 };

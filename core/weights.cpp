@@ -126,6 +126,16 @@ FrozenWeights bind_frozen(const Config& c, const std::map<std::string, at::Tenso
   return {take(src, specs[0], dtype, label), take(src, specs[1], dtype, label)};
 }
 
+at::ScalarType master_type(DType run_dtype) {
+  return run_dtype == DType::kFloat64 ? at::kDouble : at::kFloat;
+}
+
+DrafterWeights cast(const DrafterWeights& w, at::ScalarType dtype) {
+  DrafterWeights out = w;
+  visit(out, [&](const std::string&, at::Tensor& t) { t = t.to(dtype); });
+  return out;
+}
+
 DrafterWeights clone(const DrafterWeights& w) {
   DrafterWeights out = w;
   visit(out, [](const std::string&, at::Tensor& t) {

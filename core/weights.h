@@ -80,6 +80,12 @@ DrafterWeights bind_drafter(const Config& c, const std::map<std::string, at::Ten
 FrozenWeights bind_frozen(const Config& c, const std::map<std::string, at::Tensor>& src,
                           at::ScalarType dtype, const std::string& label);
 
+// Mixed precision: trainable masters live in master_type (fp32 for a
+// bfloat16 run, else the run dtype); each step computes with a
+// differentiable cast to the run dtype, so gradients land in the masters.
+at::ScalarType master_type(DType run_dtype);
+DrafterWeights cast(const DrafterWeights& w, at::ScalarType dtype);
+
 // Deep copy (detached, same requires_grad), for snapshots and finite differences.
 DrafterWeights clone(const DrafterWeights& w);
 

@@ -90,11 +90,10 @@ StepDump read_step_dump(const std::string& path) {
   }
   StepDump d;
   d.config = parse_config_json(cj, path + ":__metadata__.config");
-  const at::ScalarType dt = scalar_type(d.config.run.dtype);
   std::map<std::string, at::Tensor> by_name(f.tensors.begin(), f.tensors.end());
-  d.drafter = bind_drafter(d.config, by_name, dt, path);
+  d.drafter = bind_drafter(d.config, by_name, master_type(d.config.run.dtype), path);
   visit(d.drafter, [](const std::string&, at::Tensor& t) { t.requires_grad_(true); });
-  d.frozen = bind_frozen(d.config, by_name, dt, path);
+  d.frozen = bind_frozen(d.config, by_name, scalar_type(d.config.run.dtype), path);
   d.inputs = read_inputs(f, d.config);
   for (const auto& [name, t] : f.tensors)
     if (name.rfind("output.", 0) == 0 || name.rfind("grad.", 0) == 0) d.recorded[name] = t;

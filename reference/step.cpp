@@ -4,7 +4,8 @@
 //   - no activation checkpointing: autograd keeps every activation;
 //   - no sparsity: attention builds the dense (B, Q, S+Q) mask and scores;
 //   - no custom backward: every gradient comes from plain autograd;
-//   - no mixed precision: it runs wholly in float32 or float64;
+//   - no mixed-precision tricks: bfloat16 runs cast the fp32 masters and
+//     compute in bf16, with only the softmax/norm statistics in fp32;
 //   - no distribution: one process, one batch; sums are returned beside the
 //     ratios so callers can normalise globally.
 // Everything it computes is what optimized/ must reproduce.
@@ -28,60 +29,71 @@ at::Tensor build_draft_mask(const Anchors& a, int64_t S, int64_t bs) {
   return (context | own) & keep.unsqueeze(-1);                            // (B, Q, S+Q)
 }
 
-namespace {
-
-// One drafter layer (SPEC step 6). x (B, Q, H); context (B, S, H).
-at::Tensor drafter_layer(const at::Tensor& x, const at::Tensor& context,
-                         const DecoderLayerWeights& w, const LayerShape& s, const at::Tensor& cos_q,
-                         const at::Tensor& sin_q,                           // (B, 1, Q, hd)
-                         const at::Tensor& cos_k, const at::Tensor& sin_k,  // (B, 1, S+Q, hd)
-                         const at::Tensor& visible) {                       // (B, Q, S+Q)
-  const int64_t nh = s.num_attention_heads, nkv = s.num_key_value_heads, hd = s.head_dim;
-  const double eps = s.rms_norm_eps;
-  const at::Tensor h = rms_norm(x, w.input_layernorm, eps);  // (B, Q, H)
-  const at::Tensor kv_in = at::cat({context, h}, 1);         // (B, S+Q, H)
-  const at::Tensor q = apply_rope(normed_heads(h, w.q_proj, w.q_norm, nh, hd, eps), cos_q, sin_q);
-  const at::Tensor k =
-      apply_rope(normed_heads(kv_in, w.k_proj, w.k_norm, nkv, hd, eps), cos_k, sin_k);
-  const at::Tensor v = split_heads(project(kv_in, w.v_proj), nkv, hd);  // (B, nkv, S+Q, hd)
-  const at::Tensor attn = masked_attention(q, k, v, visible);           // (B, nh, Q, hd)
-  const at::Tensor x1 = x + project(merge_heads(attn), w.o_proj);       // (B, Q, H)
-  return x1 + swiglu_mlp(rms_norm(x1, w.post_attention_layernorm, eps), w);
+at::Tensor draft_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           const Anchors& a, int64_t S, int64_t bs) {
+  return masked_attention(q, k, v, build_draft_mask(a, S, bs));
 }
 
-}  // namespace
+DraftRope draft_rope(int64_t S, const at::Tensor& positions, const LayerShape& s,
+                     at::ScalarType dtype) {
+  const int64_t B = positions.size(0), Q = positions.size(1);
+  const at::Tensor key_pos = at::cat({at::arange(S, at::kLong).expand({B, S}), positions}, 1);
+  auto [cos_k, sin_k] = rope_cos_sin(key_pos, s.head_dim, s.rope_theta, dtype);  // (B, S+Q, hd)
+  DraftRope r;
+  r.cos_k = cos_k.unsqueeze(1);  // (B, 1, S+Q, hd)
+  r.sin_k = sin_k.unsqueeze(1);
+  r.cos_q = r.cos_k.narrow(2, S, Q);  // (B, 1, Q, hd)
+  r.sin_q = r.sin_k.narrow(2, S, Q);
+  return r;
+}
+
+at::Tensor draft_embeddings(const FrozenWeights& f, const DraftLayout& layout) {
+  const int64_t B = layout.noise_ids.size(0), Q = layout.noise_ids.size(1);
+  return f.embed_tokens.index_select(0, layout.noise_ids.reshape(-1))
+      .view({B, Q, f.embed_tokens.size(1)});
+}
+
+at::Tensor draft_context(const DrafterWeights& w, const at::Tensor& features, double eps) {
+  return rms_norm(project(features, w.fc), w.hidden_norm, eps);  // (B, S, H)
+}
+
+at::Tensor drafter_layer(const at::Tensor& x, const at::Tensor& context,
+                         const DecoderLayerWeights& w, const LayerShape& s, const DraftRope& rope,
+                         const AttentionFn& attend) {
+  const int64_t nh = s.num_attention_heads, nkv = s.num_key_value_heads, hd = s.head_dim;
+  const double eps = s.rms_norm_eps;
+  const at::Tensor h = rms_norm(x, w.input_layernorm, eps);           // (B, Q, H)
+  const at::Tensor kv_in = at::cat({context, h}, 1);                  // (B, S+Q, H)
+  const at::Tensor q = apply_rope(normed_heads(h, w.q_proj, w.q_norm, nh, hd, eps), rope.cos_q,
+                                  rope.sin_q);                        // (B, nh, Q, hd)
+  const at::Tensor k = apply_rope(normed_heads(kv_in, w.k_proj, w.k_norm, nkv, hd, eps),
+                                  rope.cos_k, rope.sin_k);            // (B, nkv, S+Q, hd)
+  const at::Tensor v = split_heads(project(kv_in, w.v_proj), nkv, hd);  // (B, nkv, S+Q, hd)
+  const at::Tensor x1 = x + project(merge_heads(attend(q, k, v)), w.o_proj);  // (B, Q, H)
+  return x1 + swiglu_mlp(rms_norm(x1, w.post_attention_layernorm, eps), w);
+}
 
 at::Tensor drafter_hidden(const Config& c, const DrafterWeights& w, const FrozenWeights& f,
                           const StepInputs& in, const DraftLayout& layout) {
   const LayerShape& s = c.drafter.shape;
-  const int64_t B = in.input_ids.size(0), S = in.input_ids.size(1);
-  const int64_t Q = layout.noise_ids.size(1);
-  // Step 3: draft embeddings from the frozen table.
-  at::Tensor x = f.embed_tokens.index_select(0, layout.noise_ids.reshape(-1))
-                     .view({B, Q, s.hidden_size});  // (B, Q, H)
-  // Step 4: context, computed once and given to every layer.
-  const at::Tensor context = rms_norm(project(in.features, w.fc), w.hidden_norm,
-                                      s.rms_norm_eps);  // (B, S, H)
-  // Step 5: positions, keys 0..S-1 then anchor_n + k.
-  const at::Tensor key_pos =
-      at::cat({at::arange(S, at::kLong).expand({B, S}), layout.positions}, 1);
-  auto [cos_k, sin_k] = rope_cos_sin(key_pos, s.head_dim, s.rope_theta, x.scalar_type());
-  cos_k = cos_k.unsqueeze(1);  // (B, 1, S+Q, hd)
-  sin_k = sin_k.unsqueeze(1);
-  const at::Tensor cos_q = cos_k.narrow(2, S, Q), sin_q = sin_k.narrow(2, S, Q);  // (B, 1, Q, hd)
-  // Step 7: the dense mask.
-  const at::Tensor visible = build_draft_mask(in.anchors, S, layout.block_size);  // (B, Q, S+Q)
-  for (const DecoderLayerWeights& lw : w.layers)
-    x = drafter_layer(x, context, lw, s, cos_q, sin_q, cos_k, sin_k, visible);
-  return rms_norm(x, w.norm, s.rms_norm_eps);  // (B, Q, H)
+  const int64_t S = in.input_ids.size(1), bs = layout.block_size;
+  at::Tensor x = draft_embeddings(f, layout);                            // (B, Q, H)
+  const at::Tensor context = draft_context(w, in.features, s.rms_norm_eps);  // (B, S, H)
+  const DraftRope rope = draft_rope(S, layout.positions, s, x.scalar_type());
+  // Step 7: the dense mask, built once for every layer.
+  const at::Tensor visible = build_draft_mask(in.anchors, S, bs);         // (B, Q, S+Q)
+  auto attend = [&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+    return masked_attention(q, k, v, visible);
+  };
+  for (const DecoderLayerWeights& lw : w.layers) x = drafter_layer(x, context, lw, s, rope, attend);
+  return rms_norm(x, w.norm, s.rms_norm_eps);                            // (B, Q, H)
 }
 
 StepOutputs loss_and_metrics(const Config& c, const at::Tensor& D, const at::Tensor& Ht,
                              const at::Tensor& lm_head, const DraftLayout& layout,
                              const Anchors& a) {
   const LossConfig& L = c.loss;
-  const int64_t B = D.size(0), Q = D.size(1), H = D.size(2), bs = layout.block_size;
-  const int64_t N = a.num_anchors();
+  const int64_t B = D.size(0), Q = D.size(1), H = D.size(2);
   const at::ScalarType acc = D.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   const at::Tensor logits = project(D, lm_head).to(acc);  // (B, Q, V)
   const at::Tensor lse = at::logsumexp(logits, -1);       // (B, Q)
@@ -106,24 +118,17 @@ StepOutputs loss_and_metrics(const Config& c, const at::Tensor& D, const at::Ten
   out.weight_sum = wsum.detach();
 
   // Step 10: per-slot accuracy and the acceptance length tau.
-  const at::Tensor hit = (logits.argmax(-1) == layout.labels) & layout.counted;            // (B, Q)
-  out.correct = hit.view({B, N, bs}).sum(at::IntArrayRef{0, 1}).to(at::kLong);             // (bs)
-  out.counted = layout.counted.view({B, N, bs}).sum(at::IntArrayRef{0, 1}).to(at::kLong);  // (bs)
-  const at::Tensor run = hit.view({B, N, bs}).narrow(2, 1, bs - 1).to(at::kLong).cumprod(2);
-  out.accept_sum = (run.sum(2) * a.keep).sum().to(at::kLong);  // ()
-  out.kept_blocks = a.keep.sum().to(at::kLong);
+  out.set_metrics(slot_metrics(logits.argmax(-1) == layout.labels, layout, a));
   out.student_hidden = D.detach();
   return out;
 }
 
-StepOutputs drafter_step(const Config& c, const DrafterWeights& w, const FrozenWeights& f,
+StepOutputs drafter_step(const Config& c, const DrafterWeights& master, const FrozenWeights& f,
                          const StepInputs& in) {
-  TORCH_CHECK(w.fc.scalar_type() == at::kFloat || w.fc.scalar_type() == at::kDouble,
-              "the reference step runs in float32 or float64 (run.dtype), found ",
-              w.fc.scalar_type());
-  const DraftLayout layout =
-      make_draft_layout(in.input_ids, in.loss_mask, in.anchors, c.data.block_size,
-                        c.data.mask_token_id, c.loss.gamma);
+  const DrafterWeights w = cast(master, f.lm_head.scalar_type());
+  const DraftLayout layout = make_draft_layout(in.input_ids, in.loss_mask, in.anchors,
+                                               c.data.block_size, c.data.mask_token_id,
+                                               c.loss.gamma);
   const at::Tensor D = drafter_hidden(c, w, f, in, layout);
   return loss_and_metrics(c, D, in.target_hidden, f.lm_head, layout, in.anchors);
 }
