@@ -26,7 +26,7 @@ struct StepInputs {
 struct StepOutputs {
   at::Tensor loss;            // () differentiable: ce_weight*ce + kl_weight*kl
   at::Tensor ce;              // () detached, sum(w*CE) / sum(w)
-  at::Tensor kl;              // () detached, sum(w*KL) / sum(w)
+  at::Tensor kl;              // () detached, sum(w*KL) / sum(w); 0 when kl_weight == 0
   at::Tensor ce_sum;          // () detached, sum(w*CE)
   at::Tensor kl_sum;          // () detached, sum(w*KL)
   at::Tensor weight_sum;      // () detached, sum(w)

@@ -99,12 +99,16 @@ StepOutputs loss_and_metrics(const Config& c, const at::Tensor& D, const at::Ten
   const at::Tensor lse = at::logsumexp(logits, -1);       // (B, Q)
   const at::Tensor ce_tok =
       lse - logits.gather(-1, layout.labels.unsqueeze(-1)).squeeze(-1);  // (B, Q)
-  // Teacher: the target's next-token distribution at anchor_n + k - 1.
-  const at::Tensor teacher_h = Ht.gather(1, layout.teacher_index.unsqueeze(-1).expand({B, Q, H}));
-  const at::Tensor teacher = project(teacher_h, lm_head).to(acc);          // (B, Q, V)
-  const at::Tensor log_pt = at::log_softmax(teacher / L.temperature, -1);  // (B, Q, V)
-  const at::Tensor log_ps = at::log_softmax(logits / L.temperature, -1);   // (B, Q, V)
-  const at::Tensor kl_tok = (log_pt.exp() * (log_pt - log_ps)).sum(-1);    // (B, Q)
+  // Teacher: the target's next-token distribution at anchor_n + k - 1. The
+  // KL (and its reported value) is only computed when kl_weight > 0.
+  at::Tensor kl_tok = at::zeros_like(ce_tok);  // (B, Q)
+  if (L.kl_weight != 0) {
+    const at::Tensor teacher_h = Ht.gather(1, layout.teacher_index.unsqueeze(-1).expand({B, Q, H}));
+    const at::Tensor teacher = project(teacher_h, lm_head).to(acc);          // (B, Q, V)
+    const at::Tensor log_pt = at::log_softmax(teacher / L.temperature, -1);  // (B, Q, V)
+    const at::Tensor log_ps = at::log_softmax(logits / L.temperature, -1);   // (B, Q, V)
+    kl_tok = (log_pt.exp() * (log_pt - log_ps)).sum(-1);                     // (B, Q)
+  }
 
   const at::Tensor w = layout.weights.to(acc);  // (B, Q)
   StepOutputs out;

@@ -1,0 +1,64 @@
+#include "harness/tolerance.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+namespace dflash::harness {
+
+Comparison compare(const std::string& name, const at::Tensor& candidate,
+                   const at::Tensor& same_precision, const at::Tensor& ref64,
+                   const Tolerance& tol) {
+  Comparison c;
+  c.name = name;
+  if (!ref64.defined() || !candidate.defined() || !same_precision.defined()) {
+    c.ok = !ref64.defined() && !candidate.defined();
+    c.message = c.ok ? "" : fmt::format("defined: candidate {}, same-precision {}, float64 {}",
+                                        candidate.defined(), same_precision.defined(),
+                                        ref64.defined());
+    return c;
+  }
+  if (candidate.sizes() != ref64.sizes()) {
+    c.message = fmt::format("shape ({}) vs reference ({})", fmt::join(candidate.sizes(), ", "),
+                            fmt::join(ref64.sizes(), ", "));
+    return c;
+  }
+  const at::Tensor r = ref64.detach().to(at::kDouble).reshape(-1);
+  const at::Tensor d = (candidate.detach().to(at::kDouble).reshape(-1) - r).abs();
+  const double scale = r.numel() ? r.abs().max().item<double>() : 0.0;
+  if (d.numel() == 0) {
+    c.ok = true;
+    return c;
+  }
+  c.worst_index = d.argmax().item<int64_t>();
+  c.err = d[c.worst_index].item<double>();
+  c.err_same = (same_precision.detach().to(at::kDouble).reshape(-1) - r).abs().max().item<double>();
+  c.bound = tol.k * c.err_same + tol.floor_rel * scale;
+  c.rel_err = scale > 0 ? c.err / scale : c.err;
+  c.worst_candidate = candidate.detach().to(at::kDouble).reshape(-1)[c.worst_index].item<double>();
+  c.worst_reference = r[c.worst_index].item<double>();
+  c.ok = std::isfinite(c.err) && c.err <= c.bound;
+  return c;
+}
+
+std::string Comparison::describe() const {
+  if (!message.empty()) return fmt::format("{:<44} {} {}", name, ok ? "ok  " : "FAIL", message);
+  return fmt::format("{:<44} {} max_abs {:.3e} <= {:.3e}? (same-precision {:.3e}) rel {:.2e} "
+                     "worst [{}] {:.9g} vs {:.9g}",
+                     name, ok ? "ok  " : "FAIL", err, bound, err_same, rel_err, worst_index,
+                     worst_candidate, worst_reference);
+}
+
+bool ComparisonReport::ok() const {
+  for (const auto& r : rows)
+    if (!r.ok) return false;
+  return true;
+}
+
+std::string ComparisonReport::format(const std::string& context) const {
+  std::string s;
+  for (const auto& r : rows) s += r.describe() + "\n";
+  if (!ok() && !context.empty()) s += "config:\n" + context;
+  return s;
+}
+
+}  // namespace dflash::harness

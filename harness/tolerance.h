@@ -1,0 +1,44 @@
+// The project's tolerance rule (DEVELOPERS.md): per tensor,
+//   err(candidate vs float64 reference) <= k * err(same-precision reference
+//                                          vs float64 reference) + floor,
+// err = max |x - ref64|, floor = floor_rel * max |ref64|. A float64 candidate
+// faces err(same) = 0, i.e. floor alone ("float64 tight").
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <string>
+#include <vector>
+
+namespace dflash::harness {
+
+struct Tolerance {
+  double k = 2.0;           // how much worse than the same-precision reference
+  double floor_rel = 1e-9;  // relative to the reference's largest magnitude
+};
+
+struct Comparison {
+  std::string name;
+  bool ok = false;
+  double err = 0;        // max |candidate - ref64|
+  double err_same = 0;   // max |same-precision reference - ref64|
+  double bound = 0;      // k * err_same + floor
+  double rel_err = 0;    // err / max |ref64|
+  int64_t worst_index = -1;
+  double worst_candidate = 0, worst_reference = 0;
+  std::string message;   // filled when the comparison could not be made
+  std::string describe() const;
+};
+
+Comparison compare(const std::string& name, const at::Tensor& candidate,
+                   const at::Tensor& same_precision, const at::Tensor& ref64, const Tolerance& tol);
+
+// All comparisons of a case, and a table of them; `context` (e.g. the config
+// as TOML) is printed under a failure.
+struct ComparisonReport {
+  std::vector<Comparison> rows;
+  bool ok() const;
+  std::string format(const std::string& context = "") const;
+};
+
+}  // namespace dflash::harness

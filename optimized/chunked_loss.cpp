@@ -1,0 +1,159 @@
+#include "optimized/chunked_loss.h"
+
+#include <ATen/Parallel.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include "optimized/loss_rows.h"
+
+namespace dflash::optimized {
+
+ChunkedLossStats& chunked_loss_stats() {
+  static ChunkedLossStats s;
+  return s;
+}
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+RowDtype row_dtype(at::ScalarType t) {
+  if (t == at::kDouble) return RowDtype::kFloat64;
+  if (t == at::kBFloat16) return RowDtype::kBFloat16;
+  TORCH_CHECK(t == at::kFloat, "chunked loss: unsupported dtype ", t);
+  return RowDtype::kFloat32;
+}
+
+struct ChunkResult {
+  at::Tensor num, ce, kl, argmax;
+  at::Tensor grad;  // (Ns, H) when wanted
+};
+
+// Forward over all chunks; with want_grad, also dL/dstudent (unscaled).
+ChunkResult run_chunks(const at::Tensor& student, const at::Tensor& teacher,
+                       const at::Tensor& W, const at::Tensor& rows, const at::Tensor& trows,
+                       const at::Tensor& labels, const at::Tensor& weights, const LossConfig& L,
+                       int64_t chunk, bool want_grad) {
+  const int64_t M = rows.numel(), H = student.size(1), V = W.size(0);
+  const bool with_kl = L.kl_weight != 0;
+  const int64_t C = std::max<int64_t>(1, chunk > 0 ? std::min(chunk, M) : M);
+  const auto opt = student.options();
+  ChunkResult r;
+  r.ce = at::zeros({M}, at::kDouble);
+  r.kl = at::zeros({M}, at::kDouble);
+  r.argmax = at::zeros({M}, at::kLong);
+  if (want_grad) r.grad = at::zeros_like(student, at::MemoryFormat::Contiguous);
+  at::Tensor xs = at::empty({C, H}, opt), zs = at::empty({C, V}, opt);  // one chunk
+  at::Tensor xt, zt;
+  if (with_kl) xt = at::empty({C, H}, opt), zt = at::empty({C, V}, opt);
+  at::Tensor gbuf = want_grad ? at::empty({C, H}, opt) : at::Tensor();
+  const at::Tensor w64 = weights.to(at::kDouble).contiguous(), lab = labels.contiguous();
+  for (int64_t c0 = 0; c0 < M; c0 += C) {
+    const int64_t n = std::min(C, M - c0);
+    const at::Tensor rows_c = rows.narrow(0, c0, n);
+    at::Tensor xs_c = xs.narrow(0, 0, n), zs_c = zs.narrow(0, 0, n);   // (n, H), (n, V)
+    at::index_select_out(xs_c, student, 0, rows_c);
+    at::mm_out(zs_c, xs_c, W.t());
+    at::Tensor zt_c;
+    if (with_kl) {
+      at::Tensor xt_c = xt.narrow(0, 0, n);
+      zt_c = zt.narrow(0, 0, n);                                            // (n, V)
+      at::index_select_out(xt_c, teacher, 0, trows.narrow(0, c0, n));
+      at::mm_out(zt_c, xt_c, W.t());
+    }
+    LossRows a{row_dtype(student.scalar_type()), V, zs_c.data_ptr(),
+               with_kl ? zt_c.data_ptr() : nullptr, lab.data_ptr<int64_t>() + c0,
+               w64.data_ptr<double>() + c0, L.ce_weight, L.kl_weight, 1.0 / L.temperature,
+               want_grad, r.ce.data_ptr<double>() + c0, r.kl.data_ptr<double>() + c0,
+               r.argmax.data_ptr<int64_t>() + c0};
+    at::parallel_for(0, n, 1, [&](int64_t b, int64_t e) { loss_rows(a, b, e); });
+    ++chunked_loss_stats().chunks;
+    if (want_grad) {
+      at::Tensor g = gbuf.narrow(0, 0, n);
+      r.grad.index_copy_(0, rows_c, at::mm_out(g, zs_c, W));               // (n, H)
+      ++chunked_loss_stats().gradient_chunks;
+    }
+  }
+  const at::ScalarType acc = student.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  r.num = ((L.ce_weight * r.ce + L.kl_weight * r.kl) * w64).sum().to(acc);
+  return r;
+}
+
+struct FusedLoss : public torch::autograd::Function<FusedLoss> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& student,
+                               const at::Tensor& teacher, const at::Tensor& W,
+                               const at::Tensor& rows, const at::Tensor& trows,
+                               const at::Tensor& labels, const at::Tensor& weights,
+                               const LossConfig& L, int64_t chunk) {
+    ChunkResult r = run_chunks(student, teacher, W, rows, trows, labels, weights, L, chunk, true);
+    ctx->save_for_backward({r.grad});
+    ctx->mark_non_differentiable({r.ce, r.kl, r.argmax});
+    return {r.num, r.ce, r.kl, r.argmax};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    // The per-row CE/KL/argmax outputs are non-differentiable: only the
+    // upstream gradient of num (a scalar, whatever its value) scales the
+    // saved input gradient.
+    const at::Tensor grad = ctx->get_saved_variables()[0];
+    const at::Tensor g = grad_outputs[0];
+    at::Tensor gs = g.defined() ? grad * g.to(grad.scalar_type()) : at::Tensor();
+    // One entry per forward argument; W (the frozen LM head) never gets one.
+    return {gs, {}, {}, {}, {}, {}, {}, {}, {}};
+  }
+};
+
+}  // namespace
+
+ChunkedLossOut chunked_lm_loss(const at::Tensor& student, const at::Tensor& teacher,
+                               const at::Tensor& W, const at::Tensor& rows,
+                               const at::Tensor& trows, const at::Tensor& labels,
+                               const at::Tensor& weights, const LossConfig& L, int64_t chunk) {
+  TORCH_CHECK(student.dim() == 2 && W.dim() == 2 && student.size(1) == W.size(1),
+              "chunked_lm_loss: student (Ns, H) and lm_head (V, H) expected");
+  const bool want_grad = at::GradMode::is_enabled() && student.requires_grad();
+  if (!want_grad) {
+    at::NoGradGuard no_grad;
+    ChunkResult r = run_chunks(student, teacher, W, rows, trows, labels, weights, L, chunk, false);
+    return {r.num, r.ce, r.kl, r.argmax};
+  }
+  variable_list o = FusedLoss::apply(student, teacher, W.detach(), rows, trows, labels, weights,
+                                     L, chunk);
+  return {o[0], o[1], o[2], o[3]};
+}
+
+StepOutputs loss_and_metrics(const Config& c, const at::Tensor& D, const at::Tensor& Ht,
+                             const at::Tensor& lm_head, const DraftLayout& layout,
+                             const Anchors& a) {
+  const LossConfig& L = c.loss;
+  const int64_t B = D.size(0), Q = D.size(1), S = Ht.size(1), H = D.size(2);
+  // Only weighted rows are computed; teacher rows index the flattened (B*S, H) hidden.
+  const at::Tensor w_all = layout.weights.reshape(-1);                        // (B*Q)
+  const at::Tensor rows = (w_all > 0).nonzero().reshape(-1);                  // (M)
+  const at::Tensor batch_of = at::arange(B, at::kLong).repeat_interleave(Q);  // (B*Q)
+  const at::Tensor trows =
+      (batch_of * S + layout.teacher_index.reshape(-1)).index_select(0, rows);  // (M)
+  const at::Tensor labels = layout.labels.reshape(-1).index_select(0, rows);    // (M)
+  const at::Tensor weights = w_all.index_select(0, rows);                       // (M)
+  const at::Tensor teacher = L.kl_weight != 0 ? Ht.reshape({B * S, H}) : Ht.new_empty({0, H});
+  const ChunkedLossOut r = chunked_lm_loss(D.reshape({B * Q, H}), teacher, lm_head, rows, trows,
+                                           labels, weights, L, L.chunk_size);
+
+  const at::ScalarType acc = r.num.scalar_type();
+  const at::Tensor wsum = weights.sum().to(acc);
+  const at::Tensor den = at::where(wsum > 0, wsum, at::ones_like(wsum));  // 0/0 := 0
+  StepOutputs out;
+  out.loss = r.num / den;
+  out.ce_sum = (weights * r.ce).sum().to(acc);
+  out.kl_sum = (weights * r.kl).sum().to(acc);
+  out.ce = out.ce_sum / den;
+  out.kl = out.kl_sum / den;
+  out.weight_sum = wsum;
+  at::Tensor hit = at::zeros({B * Q}, at::kBool);
+  hit.index_put_({rows}, r.argmax == labels);
+  out.set_metrics(slot_metrics(hit.view({B, Q}), layout, a));
+  out.student_hidden = D.detach();
+  return out;
+}
+
+}  // namespace dflash::optimized

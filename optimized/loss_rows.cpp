@@ -1,0 +1,189 @@
+#include "optimized/loss_rows.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+namespace dflash::optimized {
+namespace {
+
+__attribute__((always_inline)) inline float bits_to_float(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+__attribute__((always_inline)) inline uint32_t float_to_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+// Cephes-style expf: range reduction by ln 2 with a magic-number round, a
+// degree-5 polynomial, and the exponent written into the bits. Branch-free so
+// GCC vectorises loops that call it.
+__attribute__((always_inline)) inline float expf_inline(float x) {
+  x = std::min(std::max(x, -87.3f), 88.7f);
+  const float magic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  const float t = x * 1.44269504088896341f + magic;
+  const int32_t n = int32_t(float_to_bits(t)) - int32_t(float_to_bits(magic));
+  const float fn = t - magic;
+  float r = x - fn * 0.693359375f;
+  r = r - fn * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  return p * bits_to_float(uint32_t(n + 127) << 23);
+}
+
+// Storage <-> accumulation conversions. bf16 rounds to nearest even, as c10.
+struct Bf16 {
+  uint16_t x;
+};
+__attribute__((always_inline)) inline float load(const float* p, int64_t i) { return p[i]; }
+__attribute__((always_inline)) inline double load(const double* p, int64_t i) { return p[i]; }
+__attribute__((always_inline)) inline float load(const Bf16* p, int64_t i) { return bits_to_float(uint32_t(p[i].x) << 16); }
+__attribute__((always_inline)) inline void store(float* p, int64_t i, float v) { p[i] = v; }
+__attribute__((always_inline)) inline void store(double* p, int64_t i, double v) { p[i] = v; }
+__attribute__((always_inline)) inline void store(Bf16* p, int64_t i, float v) {
+  uint32_t u = float_to_bits(v);
+  if (std::isnan(v)) {
+    p[i].x = 0x7fc0;
+    return;
+  }
+  u += 0x7fff + ((u >> 16) & 1);
+  p[i].x = uint16_t(u >> 16);
+}
+__attribute__((always_inline)) inline float exp_acc(float x) { return expf_inline(x); }
+__attribute__((always_inline)) inline double exp_acc(double x) { return std::exp(x); }
+
+template <typename T, typename Acc>
+struct RowMax {
+  Acc value;
+  int64_t index;
+};
+
+#define DFLASH_INLINE inline __attribute__((always_inline))
+
+// The max by a vectorised reduction, then its first index (like at::argmax).
+template <typename T, typename Acc>
+DFLASH_INLINE RowMax<T, Acc> row_max(const T* z, int64_t V) {
+  Acc m = load(z, 0);
+#pragma omp simd reduction(max : m)
+  for (int64_t v = 1; v < V; ++v) m = std::max(m, Acc(load(z, v)));
+  int64_t at = 0;
+  while (Acc(load(z, at)) != m) ++at;
+  return {m, at};
+}
+
+// log sum_v exp(scale * (z_v - m)), m = max z (scale > 0, so the max of the
+// scaled row is scale * m).
+template <typename T, typename Acc>
+DFLASH_INLINE Acc log_sum_exp_shifted(const T* z, int64_t V, Acc m, Acc scale) {
+  Acc s = 0;
+#pragma omp simd reduction(+ : s)
+  for (int64_t v = 0; v < V; ++v) s += exp_acc(scale * (load(z, v) - m));
+  return std::log(s);
+}
+
+// d/dz_s of w * (ce_w * CE + kl_w * KL) = w * (ce_w * (softmax(z) - onehot(label))
+//                                        + kl_w / T * (softmax(z/T) - p_t)),
+// written over the student row; the KL is accumulated in the same pass so
+// each exp is taken once. `same_t` (T == 1) shares softmax(z) and softmax(z/T).
+template <typename T, typename Acc, bool same_t>
+DFLASH_INLINE Acc grad_and_kl(T* zs, const T* zt, int64_t V, Acc lse, Acc lse_st, Acc lse_tt,
+                              Acc inv_t, Acc gce, Acc gkl) {
+  Acc kl = 0;
+#pragma omp simd reduction(+ : kl)
+  for (int64_t v = 0; v < V; ++v) {
+    const Acc z = load(zs, v);
+    const Acc log_pt = inv_t * load(zt, v) - lse_tt;
+    const Acc log_ps = inv_t * z - lse_st;
+    const Acc pt = exp_acc(log_pt);
+    const Acc p = exp_acc(z - lse);
+    const Acc ps = same_t ? p : exp_acc(log_ps);
+    kl += pt * (log_pt - log_ps);
+    store(zs, v, gce * p + gkl * (ps - pt));
+  }
+  return kl;
+}
+
+template <typename T, typename Acc>
+DFLASH_INLINE Acc kl_only(const T* zs, const T* zt, int64_t V, Acc lse_st, Acc lse_tt, Acc inv_t) {
+  Acc kl = 0;
+#pragma omp simd reduction(+ : kl)
+  for (int64_t v = 0; v < V; ++v) {
+    const Acc log_pt = inv_t * load(zt, v) - lse_tt;
+    kl += exp_acc(log_pt) * (log_pt - (inv_t * load(zs, v) - lse_st));
+  }
+  return kl;
+}
+
+template <typename T, typename Acc>
+DFLASH_INLINE void one_row(const LossRows& a, int64_t r) {
+  const int64_t V = a.vocab;
+  T* zs = static_cast<T*>(a.student) + r * V;
+  const T* zt = a.teacher ? static_cast<const T*>(a.teacher) + r * V : nullptr;
+  const Acc inv_t = Acc(a.inv_temperature);
+  const bool same_t = a.inv_temperature == 1.0;
+  const RowMax<T, Acc> ms = row_max<T, Acc>(zs, V);
+  a.argmax[r] = ms.index;
+  // CE = logsumexp(z) - z[label]
+  const int64_t label = a.labels[r];
+  const Acc lse = ms.value + log_sum_exp_shifted<T, Acc>(zs, V, ms.value, Acc(1));
+  a.ce[r] = double(lse - load(zs, label));
+  const Acc w = Acc(a.weights[r]), gce = w * Acc(a.ce_weight), gkl = w * Acc(a.kl_weight) * inv_t;
+  a.kl[r] = 0;
+  if (zt) {
+    // log p = z/T - (m/T + log sum exp((z - m)/T)) on both sides.
+    const Acc mt = row_max<T, Acc>(zt, V).value;
+    const Acc lse_st =
+        same_t ? lse : inv_t * ms.value + log_sum_exp_shifted<T, Acc>(zs, V, ms.value, inv_t);
+    const Acc lse_tt = inv_t * mt + log_sum_exp_shifted<T, Acc>(zt, V, mt, inv_t);
+    Acc kl;
+    if (!a.want_grad) kl = kl_only<T, Acc>(zs, zt, V, lse_st, lse_tt, inv_t);
+    else if (same_t) kl = grad_and_kl<T, Acc, true>(zs, zt, V, lse, lse_st, lse_tt, inv_t, gce, gkl);
+    else kl = grad_and_kl<T, Acc, false>(zs, zt, V, lse, lse_st, lse_tt, inv_t, gce, gkl);
+    a.kl[r] = double(kl);
+  } else if (a.want_grad) {
+#pragma omp simd
+    for (int64_t v = 0; v < V; ++v) store(zs, v, gce * exp_acc(load(zs, v) - lse));
+  }
+  if (a.want_grad) store(zs, label, load(zs, label) - gce);
+}
+
+// One clone per instruction set on x86-64 (chosen at load time); elsewhere
+// the compiler's baseline.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define DFLASH_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define DFLASH_CLONES
+#endif
+
+DFLASH_CLONES void rows_f32(const LossRows& a, int64_t begin, int64_t end) {
+  for (int64_t r = begin; r < end; ++r) one_row<float, float>(a, r);
+}
+DFLASH_CLONES void rows_bf16(const LossRows& a, int64_t begin, int64_t end) {
+  for (int64_t r = begin; r < end; ++r) one_row<Bf16, float>(a, r);
+}
+void rows_f64(const LossRows& a, int64_t begin, int64_t end) {
+  for (int64_t r = begin; r < end; ++r) one_row<double, double>(a, r);
+}
+
+}  // namespace
+
+float fast_expf(float x) { return expf_inline(x); }
+
+void loss_rows(const LossRows& a, int64_t begin, int64_t end) {
+  switch (a.dtype) {
+    case RowDtype::kFloat32: return rows_f32(a, begin, end);
+    case RowDtype::kFloat64: return rows_f64(a, begin, end);
+    case RowDtype::kBFloat16: return rows_bf16(a, begin, end);
+  }
+}
+
+}  // namespace dflash::optimized
