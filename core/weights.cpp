@@ -35,10 +35,6 @@ void add_layer_specs(std::vector<ParamSpec>& out, const std::string& prefix, con
     out.push_back({prefix + kLayerFields[i].suffix, shapes[i], shapes[i].size() == 1});
 }
 
-void visit_layer(DecoderLayerWeights& l, const std::string& prefix, const TensorVisitor& f) {
-  for (const auto& field : kLayerFields) f(prefix + field.suffix, l.*field.member);
-}
-
 std::string shape_str(at::IntArrayRef s) { return fmt::format("({})", fmt::join(s, ", ")); }
 
 at::Tensor take(const std::map<std::string, at::Tensor>& src, const ParamSpec& spec,
@@ -58,6 +54,10 @@ at::Tensor take(const std::map<std::string, at::Tensor>& src, const ParamSpec& s
 
 }  // namespace
 
+void visit(DecoderLayerWeights& l, const std::string& prefix, const TensorVisitor& f) {
+  for (const auto& field : kLayerFields) f(prefix + field.suffix, l.*field.member);
+}
+
 std::vector<ParamSpec> drafter_specs(const Config& c) {
   const int64_t H = c.drafter.shape.hidden_size;
   std::vector<ParamSpec> out = {{"fc.weight", {H, c.num_taps() * H}, false},
@@ -72,7 +72,7 @@ void visit(DrafterWeights& w, const TensorVisitor& f) {
   f("fc.weight", w.fc);
   f("hidden_norm.weight", w.hidden_norm);
   for (size_t i = 0; i < w.layers.size(); ++i)
-    visit_layer(w.layers[i], fmt::format("layers.{}.", i), f);
+    visit(w.layers[i], fmt::format("layers.{}.", i), f);
   f("norm.weight", w.norm);
 }
 
@@ -105,7 +105,7 @@ std::vector<ParamSpec> target_specs(const Config& c) {
 void visit(TargetWeights& w, const TensorVisitor& f) {
   f("model.embed_tokens.weight", w.embed_tokens);
   for (size_t i = 0; i < w.layers.size(); ++i)
-    visit_layer(w.layers[i], fmt::format("model.layers.{}.", i), f);
+    visit(w.layers[i], fmt::format("model.layers.{}.", i), f);
   f("model.norm.weight", w.norm);
   f("lm_head.weight", w.lm_head);
 }

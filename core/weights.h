@@ -64,6 +64,8 @@ using TensorVisitor = std::function<void(const std::string& name, at::Tensor& t)
 // Drafter: fc.weight, hidden_norm.weight, layers.{i}.*, norm.weight.
 std::vector<ParamSpec> drafter_specs(const Config& c);
 void visit(DrafterWeights& w, const TensorVisitor& f);
+// One decoder layer, names prefixed by `prefix` (e.g. "layers.3.").
+void visit(DecoderLayerWeights& l, const std::string& prefix, const TensorVisitor& f);
 NamedTensors named(const DrafterWeights& w);
 // Frozen pair under their SPEC.md names: embed_tokens.weight, lm_head.weight.
 std::vector<ParamSpec> frozen_specs(const Config& c);
