@@ -23,6 +23,7 @@ case "$case_name" in
     ;;
   help)
     "$dflash" --help > /dev/null
+    "$dflash" bench --help | grep -q -- "--case"
     for sub in step dump validate; do
       "$dflash" "$sub" --help | grep -q -- "--config" || { echo "$sub --help lacks --config"; exit 1; }
     done
@@ -35,6 +36,19 @@ case "$case_name" in
     cat "$tmp/err.txt"
     grep -q "odd.toml: target.head_dim: expected an even number" "$tmp/err.txt"
     "$dflash" validate --config fixtures/configs/seed-8gpu.toml
+    ;;
+  optimized_step)
+    # Both builds print the same table for tiny.toml (values agree to fp32 rounding).
+    ref=$("$dflash" step --config "$tiny" | awk '$1 == "loss" {print $2}')
+    opt=$("$dflash" step --config "$tiny" --build optimized | awk '$1 == "loss" {print $2}')
+    echo "reference loss $ref, optimized loss $opt"
+    awk -v a="$ref" -v b="$opt" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a > 0 && d < 1e-4 * a) }'
+    ;;
+  bench_smoke)
+    # The bench runs end to end and writes its JSON; its figures are not judged here.
+    "$dflash" bench --quick --repeats 1 --case attention --case step --json "$tmp/bench.json"
+    grep -q '"time_ratio"' "$tmp/bench.json"
+    grep -q '"peak_ratio"' "$tmp/bench.json"
     ;;
   *)
     echo "unknown case $case_name"; exit 2 ;;

@@ -10,7 +10,9 @@
 #include "core/config.h"
 #include "core/step.h"
 #include "fixtures/fixtures.h"
+#include "harness/bench.h"
 #include "harness/step_dump.h"
+#include "optimized/step.h"
 #include "reference/step.h"
 
 namespace dflash::cli {
@@ -20,11 +22,16 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+StepFn step_fn(const std::string& build) {
+  return build == "optimized" ? StepFn(optimized::drafter_step) : StepFn(reference::drafter_step);
+}
+
 void print_step_table(const Config& c, const StepInputs& in, const StepResult& r,
-                      const std::string& source, int threads, double secs) {
+                      const std::string& build, const std::string& source, int threads,
+                      double secs) {
   const int64_t B = in.input_ids.size(0), S = in.input_ids.size(1);
   const int64_t N = in.anchors.num_anchors(), bs = c.data.block_size;
-  fmt::print("dflash step  build=reference  source={}\n", source);
+  fmt::print("dflash step  build={}  source={}\n", build, source);
   fmt::print("  dtype={} threads={}  B={} S={} N={} bs={} Q={} V={} H={} drafter_layers={}\n",
              dtype_name(c.run.dtype), threads, B, S, N, bs, N * bs, c.target.vocab_size,
              c.target.shape.hidden_size, c.drafter.num_hidden_layers);
@@ -88,8 +95,8 @@ int cmd_step(const StepArgs& a) {
     harness::StepDump d = harness::read_step_dump(a.from);
     const int threads = configure_threads(a.threads >= 0 ? a.threads : d.config.run.threads);
     const auto t0 = std::chrono::steady_clock::now();
-    StepResult r = run_step(reference::drafter_step, d.config, d.drafter, d.frozen, d.inputs);
-    print_step_table(d.config, d.inputs, r, a.from, threads, seconds_since(t0));
+    StepResult r = run_step(step_fn(a.build), d.config, d.drafter, d.frozen, d.inputs);
+    print_step_table(d.config, d.inputs, r, a.build, a.from, threads, seconds_since(t0));
     const bool same = compare_recorded(d, r);
     return (a.check && !same) ? 1 : 0;
   }
@@ -99,8 +106,8 @@ int cmd_step(const StepArgs& a) {
   const TargetWeights target = fixtures::make_target(c);
   const DrafterWeights drafter = fixtures::make_drafter(c);
   const StepInputs in = fixtures::make_step_inputs(c, target, a.step);
-  StepResult r = run_step(reference::drafter_step, c, drafter, target.frozen(), in);
-  print_step_table(c, in, r, a.config, threads, seconds_since(t0));
+  StepResult r = run_step(step_fn(a.build), c, drafter, target.frozen(), in);
+  print_step_table(c, in, r, a.build, a.config, threads, seconds_since(t0));
   return 0;
 }
 
@@ -125,6 +132,11 @@ int cmd_validate(const ValidateArgs& a) {
   else
     fmt::print("{}: ok\n", a.config);
   return 0;
+}
+
+int cmd_bench(const BenchArgs& a) {
+  configure_threads(a.threads);
+  return harness::run_bench({a.cases, a.quick, a.repeats, a.json});
 }
 
 }  // namespace dflash::cli

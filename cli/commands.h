@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace dflash::cli {
 
@@ -12,6 +13,7 @@ struct StepArgs {
   uint64_t step = 0;     // --step: which fixture step (batch and anchors)
   int64_t threads = -1;  // --threads: overrides run.threads when >= 0
   bool check = false;    // --check: exit 1 unless the recorded loss is reproduced bit for bit
+  std::string build = "reference";  // --build: reference | optimized
 };
 int cmd_step(const StepArgs& a);
 
@@ -27,5 +29,14 @@ struct ValidateArgs {
   std::string print;  // "", "toml" or "json"
 };
 int cmd_validate(const ValidateArgs& a);
+
+struct BenchArgs {
+  std::vector<std::string> cases;
+  bool quick = false;
+  int repeats = 2;
+  std::string json;
+  int64_t threads = 0;
+};
+int cmd_bench(const BenchArgs& a);
 
 }  // namespace dflash::cli

@@ -3,11 +3,25 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <cstdlib>
+#include <unistd.h>
 #include <exception>
 
 #include "cli/commands.h"
 
+// libtorch's OpenMP threads spin after each parallel region by default and
+// then fight OpenBLAS's own threads for the cores (measured: the optimized
+// attention 2x slower on 2 cores). libgomp reads OMP_WAIT_POLICY only when
+// it loads, so unless the user chose a policy, run again with PASSIVE.
+void prefer_passive_openmp(char** argv) {
+  if (std::getenv("OMP_WAIT_POLICY") || std::getenv("DFLASH_NO_REEXEC")) return;
+  setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+  setenv("DFLASH_NO_REEXEC", "1", 1);
+  execv("/proc/self/exe", argv);  // returns only on failure: carry on as we are
+}
+
 int main(int argc, char** argv) {
+  prefer_passive_openmp(argv);
   using namespace dflash::cli;
   CLI::App app{
       "dflash: DFlash drafter training, in a reference and an optimized build, "
@@ -26,6 +40,8 @@ int main(int argc, char** argv) {
   s_cfg->excludes(s_from);
   s->add_option("--step", step.step, "Fixture step index (selects batch and anchors)");
   s->add_option("--threads", step.threads, "Intra-op threads (default: run.threads)");
+  s->add_option("--build", step.build, "Which build computes the step")
+      ->check(CLI::IsMember({"reference", "optimized"}));
   s->add_flag("--check", step.check,
               "With --from: exit 1 unless the recorded loss is reproduced bit for bit");
   s->callback([&] {
@@ -49,11 +65,22 @@ int main(int argc, char** argv) {
   v->add_option("--print", val.print, "Print the resolved config as toml or json")
       ->check(CLI::IsMember({"toml", "json"}));
 
+  BenchArgs bench;
+  auto* b = app.add_subcommand("bench", "Reference vs optimized on the same inputs: time ratio, "
+                                        "peak-memory ratio, FLOPs and fraction of the GEMM rate");
+  b->add_option("--case", bench.cases, "loss, attention, step (default: all)")
+      ->check(CLI::IsMember({"loss", "attention", "step"}));
+  b->add_flag("--quick", bench.quick, "CI-sized inputs (seconds instead of minutes)");
+  b->add_option("--repeats", bench.repeats, "Runs per path; the best time is reported");
+  b->add_option("--json", bench.json, "Also write the results as JSON");
+  b->add_option("--threads", bench.threads, "Intra-op threads (default: OMP_NUM_THREADS or cores)");
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (*s) return cmd_step(step);
     if (*d) return cmd_dump(dump);
     if (*v) return cmd_validate(val);
+    if (*b) return cmd_bench(bench);
   } catch (const c10::Error& e) {
     std::fprintf(stderr, "dflash: error: %s\n", e.what_without_backtrace());
     return 2;

@@ -49,8 +49,12 @@ add_test(NAME cli.dump_then_step_from_is_bitwise
 add_test(NAME cli.every_subcommand_has_help
   COMMAND bash ${PROJECT_SOURCE_DIR}/ci/cli_tests.sh help $<TARGET_FILE:dflash>
   WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
-add_test(NAME cli.bad_config_names_file_and_key
-  COMMAND bash ${PROJECT_SOURCE_DIR}/ci/cli_tests.sh bad_config $<TARGET_FILE:dflash>
-  WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+foreach(case bad_config optimized_step bench_smoke)
+  add_test(NAME cli.${case}
+    COMMAND bash ${PROJECT_SOURCE_DIR}/ci/cli_tests.sh ${case} $<TARGET_FILE:dflash>
+    WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+  set_tests_properties(cli.${case} PROPERTIES LABELS quick)
+endforeach()
 set_tests_properties(cli.dump_then_step_from_is_bitwise cli.every_subcommand_has_help
-  cli.bad_config_names_file_and_key PROPERTIES LABELS quick)
+  PROPERTIES LABELS quick)
+

@@ -3,7 +3,7 @@
 #include <ATen/Parallel.h>
 #include <torch/csrc/autograd/custom_function.h>
 
-#include "optimized/loss_rows.h"
+#include "optimized/row_kernels.h"
 
 namespace dflash::optimized {
 

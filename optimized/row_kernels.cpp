@@ -1,4 +1,4 @@
-#include "optimized/loss_rows.h"
+#include "optimized/row_kernels.h"
 
 #include <algorithm>
 #include <cmath>
@@ -174,7 +174,76 @@ void rows_f64(const LossRows& a, int64_t begin, int64_t end) {
   for (int64_t r = begin; r < end; ++r) one_row<double, double>(a, r);
 }
 
+template <typename A>
+DFLASH_INLINE int64_t row_limit(const AttentionRows& a, int64_t i) {
+  return a.limit ? std::min(a.cols, a.limit[i] - a.offset) : a.cols;
+}
+
+template <typename A>
+DFLASH_INLINE void online_rows(const AttentionRows& a, A* m, A* l, A* acc, int64_t hd) {
+  const A scale = A(a.scale);
+  for (int64_t i = 0; i < a.rows; ++i) {
+    A* row = static_cast<A*>(a.scores) + i * a.cols;
+    const int64_t lim = row_limit<A>(a, i);
+    A mt = -std::numeric_limits<A>::infinity();
+#pragma omp simd reduction(max : mt)
+    for (int64_t j = 0; j < lim; ++j) mt = std::max(mt, scale * row[j]);
+    const A m_new = std::max(m[i], mt);
+    const A alpha = exp_acc(m[i] - m_new);  // 0 on a row's first tile (m = -inf)
+    A sum = 0;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < lim; ++j) {
+      row[j] = exp_acc(scale * row[j] - m_new);
+      sum += row[j];
+    }
+    for (int64_t j = lim; j < a.cols; ++j) row[j] = 0;
+    l[i] = l[i] * alpha + sum;
+#pragma omp simd
+    for (int64_t d = 0; d < hd; ++d) acc[i * hd + d] *= alpha;
+    m[i] = m_new;
+  }
+}
+
+template <typename A>
+DFLASH_INLINE void backward_rows(const AttentionRows& a, const A* lse, const A* D, A* dp) {
+  const A scale = A(a.scale);
+  for (int64_t i = 0; i < a.rows; ++i) {
+    A* row = static_cast<A*>(a.scores) + i * a.cols;
+    A* drow = dp + i * a.cols;
+    const int64_t lim = row_limit<A>(a, i);
+#pragma omp simd
+    for (int64_t j = 0; j < lim; ++j) {
+      const A p = exp_acc(scale * row[j] - lse[i]);
+      row[j] = p;
+      drow[j] = p * (drow[j] - D[i]);
+    }
+    for (int64_t j = lim; j < a.cols; ++j) row[j] = drow[j] = 0;
+  }
+}
+
+DFLASH_CLONES void online_f32(const AttentionRows& a, void* m, void* l, void* acc, int64_t hd) {
+  online_rows<float>(a, static_cast<float*>(m), static_cast<float*>(l), static_cast<float*>(acc), hd);
+}
+DFLASH_CLONES void backward_f32(const AttentionRows& a, const void* lse, const void* D, void* dp) {
+  backward_rows<float>(a, static_cast<const float*>(lse), static_cast<const float*>(D),
+                       static_cast<float*>(dp));
+}
+
 }  // namespace
+
+void online_softmax_rows(const AttentionRows& a, void* m, void* l, void* acc, int64_t hd) {
+  if (a.dtype == RowDtype::kFloat64)
+    return online_rows<double>(a, static_cast<double*>(m), static_cast<double*>(l),
+                               static_cast<double*>(acc), hd);
+  online_f32(a, m, l, acc, hd);
+}
+
+void softmax_backward_rows(const AttentionRows& a, const void* lse, const void* D, void* dp) {
+  if (a.dtype == RowDtype::kFloat64)
+    return backward_rows<double>(a, static_cast<const double*>(lse), static_cast<const double*>(D),
+                                 static_cast<double*>(dp));
+  backward_f32(a, lse, D, dp);
+}
 
 float fast_expf(float x) { return expf_inline(x); }
 

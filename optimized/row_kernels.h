@@ -1,4 +1,7 @@
-// The element-wise heart of the fused LM-head loss: for each row of a chunk
+// Row kernels of the optimized build, plain C++ (no ATen) compiled at -O3
+// with a vectorisable exp.
+//
+// loss_rows: the element-wise heart of the fused LM-head loss: for each row of a chunk
 // of student logits (and teacher logits when the KL is on) it computes CE,
 // KL, the argmax and, in place, the gradient of the weighted loss with
 // respect to the student logits. Plain C++ (no ATen) so that it compiles at
@@ -28,6 +31,26 @@ struct LossRows {
 
 // Processes rows [begin, end) of `a`. Thread-safe across disjoint ranges.
 void loss_rows(const LossRows& a, int64_t begin, int64_t end);
+
+// Attention tiles, rows of scores (R, T) in float or double (`dtype` is
+// kFloat32 or kFloat64). Row i sees columns j < limit_i = min(T, limit[i] -
+// offset) (limit may be null: every column); masked columns get p = 0.
+struct AttentionRows {
+  RowDtype dtype;
+  int64_t rows, cols;      // R, T
+  void* scores;            // (R, T) raw q.k in; probabilities out
+  const int64_t* limit;    // (R) key limits, or nullptr
+  int64_t offset;          // key index of column 0
+  double scale;            // hd^-0.5
+};
+
+// Online softmax update: p = exp(scale*s - m_new) in place; m (R), l (R) and
+// the accumulator rows acc (R, hd) are rescaled for the new row maxima.
+void online_softmax_rows(const AttentionRows& a, void* m, void* l, void* acc, int64_t hd);
+
+// Backward: p = exp(scale*s - lse) in place, and dP (R, T) becomes
+// dS = p * (dP - D) (0 on masked columns).
+void softmax_backward_rows(const AttentionRows& a, const void* lse, const void* D, void* dp);
 
 // Exposed for tests: the float exp used by the kernel (max relative error
 // ~2 ulp over the range that matters, clamped below at exp(-87.3)).

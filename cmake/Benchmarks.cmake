@@ -1,0 +1,13 @@
+# One loop builds every Google Benchmark binary: `<area>/<name>_bench.cpp`.
+find_package(benchmark REQUIRED)
+file(GLOB DFLASH_BENCH_SOURCES CONFIGURE_DEPENDS
+  ${PROJECT_SOURCE_DIR}/optimized/*_bench.cpp ${PROJECT_SOURCE_DIR}/harness/*_bench.cpp)
+foreach(src ${DFLASH_BENCH_SOURCES})
+  get_filename_component(name ${src} NAME_WE)
+  get_filename_component(dir ${src} DIRECTORY)
+  get_filename_component(area ${dir} NAME)
+  add_executable(${area}_${name} ${src})
+  dflash_setup_target(${area}_${name})
+  target_link_libraries(${area}_${name} PRIVATE dflash_harness benchmark::benchmark)
+  target_precompile_headers(${area}_${name} REUSE_FROM dflash_pch)
+endforeach()

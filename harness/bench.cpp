@@ -1,0 +1,245 @@
+#include "harness/bench.h"
+
+#include <sys/resource.h>
+
+#include <chrono>
+#include <fstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "core/alloc_probe.h"
+#include "core/safetensors.h"
+#include "fixtures/fixtures.h"
+#include "optimized/chunked_loss.h"
+#include "optimized/sparse_attention.h"
+#include "optimized/step.h"
+#include "reference/step.h"
+
+namespace dflash::harness {
+namespace {
+
+constexpr double kMiB = 1024.0 * 1024.0;
+
+double sys_time() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return double(u.ru_stime.tv_sec) + 1e-6 * double(u.ru_stime.tv_usec);
+}
+
+double now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// The fused loss on Q positions, every one weighted (so all 2*Q*H*V FLOPs of
+// each of the three products are real work): CE + KL, fp32.
+class LossCase : public BenchCase {
+ public:
+  explicit LossCase(bool quick)
+      : Q_(quick ? 1024 : 8192), H_(quick ? 256 : 1024), V_(quick ? 8192 : 32768),
+        C_(quick ? 256 : 1024) {
+    at::manual_seed(0);
+    cfg_ = fixtures::micro_config();
+    cfg_.loss = {1.0, 1.0, 1.0, 0.0, C_};
+    D_ = at::randn({1, Q_, H_}).requires_grad_(true);                 // (1, Q, H)
+    Ht_ = at::randn({1, Q_, H_});                                     // (1, Q, H)
+    W_ = at::randn({V_, H_}) * (1.0 / std::sqrt(double(H_)));         // (V, H)
+    const int64_t bs = 16, N = Q_ / bs;
+    layout_.block_size = bs;
+    layout_.labels = at::randint(V_, {1, Q_}, at::kLong);
+    layout_.teacher_index = at::arange(Q_, at::kLong).view({1, Q_});
+    layout_.counted = at::ones({1, Q_}, at::kBool);
+    layout_.weights = at::ones({1, Q_}, at::kDouble);
+    anchors_ = {at::zeros({1, N}, at::kLong), at::ones({1, N}, at::kBool)};
+  }
+  std::string name() const override { return "loss"; }
+  std::string shape() const override {
+    return fmt::format("Q={} H={} V={} chunk={} fp32 CE+KL", Q_, H_, V_, C_);
+  }
+  double flops(bool) const override { return 3.0 * 2.0 * double(Q_) * double(H_) * double(V_); }
+  int64_t floor_bytes() const override {
+    return 4 * (2 * Q_ * H_ + V_ * H_ + Q_ * H_ + 2 * C_ * V_);
+  }
+  std::string floor_formula() const override {
+    return "4 bytes x (D, teacher hidden: 2QH + W: VH + dD: QH + 2 chunks of logits: 2CV)";
+  }
+  void run(bool optimized) override {
+    D_.mutable_grad().reset();
+    const auto fn = optimized ? optimized::loss_and_metrics : reference::loss_and_metrics;
+    fn(cfg_, D_, Ht_, W_, layout_, anchors_).loss.backward();
+  }
+
+ private:
+  int64_t Q_, H_, V_, C_;
+  Config cfg_;
+  at::Tensor D_, Ht_, W_;
+  DraftLayout layout_;
+  Anchors anchors_;
+};
+
+class AttentionCase : public BenchCase {
+ public:
+  explicit AttentionCase(bool quick)
+      : S_(quick ? 512 : 2048), N_(quick ? 16 : 64), bs_(16), nh_(16), nkv_(4), hd_(64) {
+    at::manual_seed(1);
+    const int64_t Q = N_ * bs_;
+    q_ = at::randn({1, nh_, Q, hd_}).requires_grad_(true);
+    k_ = at::randn({1, nkv_, S_ + Q, hd_}).requires_grad_(true);
+    v_ = at::randn({1, nkv_, S_ + Q, hd_}).requires_grad_(true);
+    dout_ = at::randn({1, nh_, Q, hd_});
+    a_ = {std::get<0>(at::randint(1, S_ - 1, {1, N_}, at::kLong).sort(1)), at::ones({1, N_}, at::kBool)};
+  }
+  std::string name() const override { return "attention"; }
+  std::string shape() const override {
+    return fmt::format("S={} N={} bs={} nh={} nkv={} hd={} fp32", S_, N_, bs_, nh_, nkv_, hd_);
+  }
+  double flops(bool optimized) const override {
+    const double Q = double(N_ * bs_);
+    if (!optimized) return 6 * 2.0 * nh_ * Q * double(S_ + N_ * bs_) * hd_;  // 2 fwd + 4 bwd GEMMs
+    const double visible = (a_.anchors.sum().item<double>() + double(N_ * bs_));  // sum_n (anchor_n + bs)
+    return 7 * 2.0 * nh_ * double(bs_) * visible * hd_;  // 2 fwd + 5 bwd (recompute) GEMMs
+  }
+  void run(bool optimized) override {
+    for (const at::Tensor* t : {&q_, &k_, &v_}) const_cast<at::Tensor*>(t)->mutable_grad().reset();
+    const at::Tensor out = optimized ? optimized::draft_attention(q_, k_, v_, a_, S_, bs_)
+                                     : reference::draft_attention(q_, k_, v_, a_, S_, bs_);
+    out.backward(dout_);
+  }
+
+ private:
+  int64_t S_, N_, bs_, nh_, nkv_, hd_;
+  at::Tensor q_, k_, v_, dout_;
+  Anchors a_;
+};
+
+class StepCase : public BenchCase {
+ public:
+  explicit StepCase(bool quick) {
+    cfg_ = fixtures::micro_config();
+    cfg_.run.dtype = DType::kFloat32;
+    cfg_.target.vocab_size = quick ? 8192 : 32768;
+    cfg_.target.num_hidden_layers = 2;
+    cfg_.target.shape = {quick ? 256 : 512, 8, 2, quick ? 32 : 64, quick ? 768 : 1536, 1e6, 1e-6};
+    cfg_.drafter.num_hidden_layers = 2;
+    cfg_.drafter.shape = cfg_.target.shape;
+    cfg_.drafter.target_layer_ids = {0, 1};
+    cfg_.data = {"fixture", 1, quick ? 256 : 1024, 16, quick ? 16 : 64, cfg_.target.vocab_size - 1};
+    cfg_.loss = {1.0, 0.5, 1.0, 7.0, quick ? 64 : 256};
+    cfg_.optimized.checkpoint_layers = true;
+    validate_config(cfg_);
+    target_ = fixtures::make_target(cfg_);
+    drafter_ = fixtures::make_drafter(cfg_);
+    in_ = fixtures::make_step_inputs(cfg_, target_, 0);
+  }
+  std::string name() const override { return "step"; }
+  std::string shape() const override {
+    const auto& s = cfg_.drafter.shape;
+    return fmt::format("S={} Q={} H={} V={} layers={} nh={} nkv={} hd={} fp32, checkpointed",
+                       cfg_.data.seq_len, in_.anchors.num_anchors() * cfg_.data.block_size,
+                       s.hidden_size, cfg_.target.vocab_size, cfg_.drafter.num_hidden_layers,
+                       s.num_attention_heads, s.num_key_value_heads, s.head_dim);
+  }
+  double flops(bool) const override {
+    const double Q = double(in_.anchors.num_anchors() * cfg_.data.block_size);
+    return 3 * 2.0 * Q * double(cfg_.target.shape.hidden_size) * double(cfg_.target.vocab_size);
+  }
+  void run(bool optimized) override {
+    run_step(optimized ? optimized::drafter_step : reference::drafter_step, cfg_, drafter_,
+             target_.frozen(), in_);
+  }
+
+ private:
+  Config cfg_;
+  TargetWeights target_;
+  DrafterWeights drafter_;
+  StepInputs in_;
+};
+
+}  // namespace
+
+std::unique_ptr<BenchCase> loss_case(bool quick) { return std::make_unique<LossCase>(quick); }
+std::unique_ptr<BenchCase> attention_case(bool quick) { return std::make_unique<AttentionCase>(quick); }
+std::unique_ptr<BenchCase> step_case(bool quick) { return std::make_unique<StepCase>(quick); }
+
+PathResult measure(BenchCase& c, bool optimized, int repeats) {
+  AllocProbe::install();
+  PathResult r;
+  r.seconds = 1e300;
+  for (int i = 0; i < repeats; ++i) {
+    AllocProbe::Scope scope;
+    const double t0 = now(), s0 = sys_time();
+    c.run(optimized);
+    const double t = now() - t0;
+    if (t < r.seconds) r.seconds = t, r.sys_seconds = sys_time() - s0;
+    r.peak_bytes = std::max(r.peak_bytes, scope.peak_bytes());
+  }
+  return r;
+}
+
+double gemm_gflops(bool quick) {
+  const int64_t M = quick ? 256 : 1024, K = quick ? 256 : 1024, N = quick ? 8192 : 32768;
+  const at::Tensor a = at::randn({M, K}), b = at::randn({N, K});
+  at::Tensor c = at::empty({M, N});
+  double best = 1e300;
+  for (int i = 0; i < 3; ++i) {
+    const double t0 = now();
+    at::mm_out(c, a, b.t());
+    best = std::min(best, now() - t0);
+  }
+  return 2.0 * double(M) * double(K) * double(N) / best / 1e9;
+}
+
+int run_bench(const BenchOptions& o) {
+  AllocProbe::install();
+  // Cases are built one at a time so that only the measured case's inputs
+  // are live: peaks are absolute (inputs included).
+  std::vector<std::function<std::unique_ptr<BenchCase>()>> cases;
+  auto wanted = [&](const char* n) {
+    return o.cases.empty() || std::find(o.cases.begin(), o.cases.end(), n) != o.cases.end();
+  };
+  if (wanted("loss")) cases.push_back([&] { return loss_case(o.quick); });
+  if (wanted("attention")) cases.push_back([&] { return attention_case(o.quick); });
+  if (wanted("step")) cases.push_back([&] { return step_case(o.quick); });
+  const double gemm = gemm_gflops(o.quick);
+  const char* policy = std::getenv("OMP_WAIT_POLICY");
+  fmt::print("dflash bench: {} threads, OMP_WAIT_POLICY={}, fp32 GEMM rate {:.1f} GFLOP/s "
+             "(measured now){}\n\n",
+             at::get_num_threads(), policy ? policy : "(unset)", gemm, o.quick ? ", quick sizes" : "");
+  nlohmann::json out = {{"threads", at::get_num_threads()}, {"gemm_gflops", gemm}, {"cases", {}}};
+  for (auto& make : cases) {
+    const std::unique_ptr<BenchCase> c = make();
+    fmt::print("{}: {}\n", c->name(), c->shape());
+    const PathResult ref = measure(*c, false, o.repeats);
+    const PathResult opt = measure(*c, true, o.repeats);
+    const double rate = c->flops(true) / opt.seconds / 1e9;
+    fmt::print("  time  reference {:8.3f} s   optimized {:8.3f} s   ratio {:.3f}   (of which system: "
+               "{:.2f} s, {:.2f} s)\n", ref.seconds, opt.seconds, opt.seconds / ref.seconds,
+               ref.sys_seconds, opt.sys_seconds);
+    fmt::print("  peak  reference {:8.1f} MiB optimized {:8.1f} MiB ratio {:.4f} (reference/optimized {:.1f}x)\n",
+               ref.peak_bytes / kMiB, opt.peak_bytes / kMiB,
+               double(opt.peak_bytes) / double(ref.peak_bytes),
+               double(ref.peak_bytes) / double(opt.peak_bytes));
+    fmt::print("  flops reference {:.3g}  optimized {:.3g}  optimized rate {:.1f} GFLOP/s = {:.2f} of GEMM\n",
+               c->flops(false), c->flops(true), rate, rate / gemm);
+    nlohmann::json j = {{"shape", c->shape()},          {"reference_s", ref.seconds},
+                        {"optimized_s", opt.seconds},    {"time_ratio", opt.seconds / ref.seconds},
+                        {"reference_sys_s", ref.sys_seconds}, {"optimized_sys_s", opt.sys_seconds},
+                        {"reference_peak_bytes", ref.peak_bytes},
+                        {"optimized_peak_bytes", opt.peak_bytes},
+                        {"peak_ratio", double(opt.peak_bytes) / double(ref.peak_bytes)},
+                        {"flops_reference", c->flops(false)}, {"flops_optimized", c->flops(true)},
+                        {"gemm_fraction", rate / gemm}};
+    if (c->floor_bytes() > 0) {
+      fmt::print("  floor {:.1f} MiB = {}; optimized / floor {:.3f}\n", c->floor_bytes() / kMiB,
+                 c->floor_formula(), double(opt.peak_bytes) / double(c->floor_bytes()));
+      j["floor_bytes"] = c->floor_bytes();
+      j["optimized_over_floor"] = double(opt.peak_bytes) / double(c->floor_bytes());
+    }
+    out["cases"][c->name()] = j;
+    fmt::print("\n");
+  }
+  if (!o.json_path.empty()) safetensors::write_file_atomic(o.json_path, out.dump(2) + "\n");
+  return 0;
+}
+
+}  // namespace dflash::harness
