@@ -103,6 +103,24 @@ class Section {
     }
     return out;
   }
+  // An array of arrays of integers (rows of a batch).
+  std::vector<std::vector<int64_t>> int_matrix(const char* key) {
+    const toml::node* n = find(key, true);
+    if (!n) return {};
+    const char* what = "an array of arrays of integers";
+    if (!n->is_array()) fail(key, what, describe(*n));
+    std::vector<std::vector<int64_t>> out;
+    for (const toml::node& row : *n->as_array()) {
+      if (!row.is_array()) fail(key, what, "a row that is " + describe(row));
+      out.emplace_back();
+      for (const toml::node& e : *row.as_array()) {
+        if (!e.is_integer()) fail(key, what, "an element that is " + describe(e));
+        out.back().push_back(*e.value<int64_t>());
+      }
+    }
+    return out;
+  }
+
   // A number, or an array of numbers (one per rank).
   std::vector<double> number_list(const char* key) {
     const toml::node* n = find(key, true);
@@ -235,6 +253,8 @@ Config from_table(const toml::table& root, const std::string& label) {
   c.data.block_size = da.integer("block_size", std::nullopt);
   c.data.max_anchors = da.integer("max_anchors", std::nullopt);
   c.data.mask_token_id = da.integer("mask_token_id", std::nullopt);
+  c.data.input_ids = da.int_matrix("input_ids");
+  c.data.loss_mask = da.int_matrix("loss_mask");
   da.reject_unknown();
 
   Section l(section_table(root, label, "loss", false), label, "loss");

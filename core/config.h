@@ -49,12 +49,15 @@ struct DrafterConfig {
 };
 
 struct DataConfig {
-  std::string source = "fixture";  // "fixture": seeded prompt/response rows
+  std::string source = "fixture";  // "fixture": seeded prompt/response rows;
+                                   // "inline": the rows below (the same every step)
   int64_t batch_size = 0;          // B
   int64_t seq_len = 0;             // S
   int64_t block_size = 0;          // bs >= 2
   int64_t max_anchors = 0;         // upper bound on N
   int64_t mask_token_id = 0;       // < vocab_size
+  std::vector<std::vector<int64_t>> input_ids;  // inline only: (B, S) token ids
+  std::vector<std::vector<int64_t>> loss_mask;  // inline only: (B, S) 0 or 1
 };
 
 struct LossConfig {

@@ -97,9 +97,35 @@ void check_model(const Checker& ck, const Config& c) {
   ck.non_negative("drafter.norm_init_jitter", d.norm_init_jitter);
 }
 
+// data.input_ids / data.loss_mask: present exactly when source = "inline",
+// (batch_size, seq_len), ids in the vocabulary, mask entries 0 or 1.
+void check_inline_rows(const Checker& ck, const Config& c) {
+  const auto& d = c.data;
+  const bool is_inline = d.source == "inline";
+  for (const auto* m : {&d.input_ids, &d.loss_mask}) {
+    const char* key = m == &d.input_ids ? "data.input_ids" : "data.loss_mask";
+    if (!is_inline) {
+      if (!m->empty()) ck.fail(key, "no rows unless data.source = \"inline\"", "rows");
+      continue;
+    }
+    if (int64_t(m->size()) != d.batch_size)
+      ck.fail(key, fmt::format("data.batch_size = {} rows", d.batch_size),
+              fmt::format("{} rows", m->size()));
+    for (size_t r = 0; r < m->size(); ++r) {
+      if (int64_t((*m)[r].size()) != d.seq_len)
+        ck.fail(key, fmt::format("rows of data.seq_len = {} entries", d.seq_len),
+                fmt::format("row {} with {}", r, (*m)[r].size()));
+      const int64_t hi = m == &d.input_ids ? c.target.vocab_size - 1 : 1;
+      for (int64_t v : (*m)[r])
+        if (v < 0 || v > hi)
+          ck.fail(key, fmt::format("entries in [0, {}]", hi), fmt::format("{} in row {}", v, r));
+    }
+  }
+}
+
 void check_data_loss_run(const Checker& ck, const Config& c) {
   const auto& d = c.data;
-  ck.one_of("data.source", d.source, {"fixture"});
+  ck.one_of("data.source", d.source, {"fixture", "inline"});
   ck.at_least("data.batch_size", d.batch_size, 1);
   ck.at_least("data.seq_len", d.seq_len, 2);
   ck.at_least("data.block_size", d.block_size, 2);
@@ -108,6 +134,8 @@ void check_data_loss_run(const Checker& ck, const Config& c) {
     ck.fail("data.mask_token_id",
             fmt::format("a token id in [0, target.vocab_size = {})", c.target.vocab_size),
             std::to_string(d.mask_token_id));
+
+  check_inline_rows(ck, c);
 
   const auto& l = c.loss;
   ck.non_negative("loss.ce_weight", l.ce_weight);
@@ -192,6 +220,10 @@ nlohmann::json config_to_json(const Config& c) {
   j["data"] = {{"source", c.data.source},           {"batch_size", c.data.batch_size},
                {"seq_len", c.data.seq_len},         {"block_size", c.data.block_size},
                {"max_anchors", c.data.max_anchors}, {"mask_token_id", c.data.mask_token_id}};
+  if (c.data.source == "inline") {
+    j["data"]["input_ids"] = c.data.input_ids;
+    j["data"]["loss_mask"] = c.data.loss_mask;
+  }
   j["loss"] = {{"ce_weight", c.loss.ce_weight},
                {"kl_weight", c.loss.kl_weight},
                {"temperature", c.loss.temperature},

@@ -144,6 +144,11 @@ INSTANTIATE_TEST_SUITE_P(
                  "optimized.attention_tile", ">= 1"},
         Rejected{"switch_not_bool", with("", "chunked_loss = 1", "optimized"),
                  "optimized.chunked_loss", "true or false"},
+        Rejected{"inline_rows_without_inline_source", with("", "input_ids = [[1, 2]]", "data"),
+                 "data.input_ids", "source = \"inline\""},
+        Rejected{"inline_row_too_short",
+                 with("mask_token_id", "mask_token_id = 63\nsource = \"inline\"\ninput_ids = [[1], [2]]\nloss_mask = [[1], [0]]"),
+                 "data.input_ids", "data.seq_len = 16"},
         Rejected{"not_toml", "[target\nvocab_size = 3", "line 1", "not valid TOML"}),
     [](const ::testing::TestParamInfo<Rejected>& i) { return std::string(i.param.name); });
 
@@ -172,6 +177,20 @@ TEST(Config, JsonAndTomlRoundTrip) {
   EXPECT_EQ(config_to_json(j), config_to_json(c));
   const Config t = parse_config_toml(config_to_toml(c), "printed.toml");
   EXPECT_EQ(config_to_json(t), config_to_json(c));
+}
+
+TEST(Config, InlineRowsRoundTrip) {
+  std::string text = kBase;
+  text.replace(text.find("mask_token_id = 63"), 18,
+               "mask_token_id = 63\nsource = \"inline\"\ninput_ids = [" +
+                   std::string("[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16],") +
+                   "[16,15,14,13,12,11,10,9,8,7,6,5,4,3,2,1]]\nloss_mask = [" +
+                   "[0,0,1,1,1,1,1,1,1,1,1,1,1,1,1,1],[1,1,1,1,1,1,1,1,0,0,0,0,0,0,0,0]]");
+  const Config c = parse_config_toml(text, "inline.toml");
+  EXPECT_EQ(c.data.input_ids[1][0], 16);
+  const Config t = parse_config_toml(config_to_toml(c), "printed.toml");
+  EXPECT_EQ(t.data.input_ids, c.data.input_ids);
+  EXPECT_EQ(t.data.loss_mask, c.data.loss_mask);
 }
 
 TEST(Config, MissingFileIsNamed) {

@@ -2,6 +2,10 @@
 
 #include <algorithm>
 
+namespace dflash {
+void showValue(const Config& c, std::ostream& os) { os << "\n" << config_to_toml(c); }
+}  // namespace dflash
+
 namespace dflash::harness {
 namespace {
 
@@ -22,6 +26,26 @@ std::vector<int64_t> gen_taps(int64_t num_target_layers) {
   std::vector<int64_t> taps;
   for (int64_t i = 0; i < n; ++i) taps.push_back(*rc::gen::inRange<int64_t>(0, num_target_layers));
   return taps;
+}
+
+// One loss-mask row of length S.
+std::vector<int64_t> gen_mask_row(int64_t S) {
+  std::vector<int64_t> m(size_t(S), 0);
+  switch (*rc::gen::inRange(0, 4)) {
+    case 0:  // response with holes
+      for (auto& x : m) x = *rc::gen::inRange(0, 10) < 7;
+      break;
+    case 1:  // no anchor candidate at all
+      break;
+    case 2:  // full
+      std::fill(m.begin(), m.end(), 1);
+      break;
+    default:  // candidates only at 0 and S-2
+      m[0] = m[1] = 1;
+      m[size_t(S - 2)] = m[size_t(S - 1)] = 1;
+      break;
+  }
+  return m;
 }
 
 }  // namespace
@@ -52,6 +76,37 @@ rc::Gen<Config> gen_micro_config() {
     c.loss.gamma = *rc::gen::element(0.0, 0.5, 4.0);
     c.run.seed = *rc::gen::inRange<uint64_t>(0, 1000000);
     c.run.dtype = DType::kFloat64;
+    validate_config(c);
+    return c;
+  });
+}
+
+rc::Gen<Config> gen_step_config() {
+  return rc::gen::exec([] {
+    Config c = *gen_micro_config();
+    const int64_t Qmax = c.data.max_anchors * c.data.block_size;
+    c.loss.chunk_size = *rc::gen::oneOf(rc::gen::just<int64_t>(0), rc::gen::just<int64_t>(1),
+                                        rc::gen::inRange<int64_t>(2, Qmax + 1),
+                                        rc::gen::just<int64_t>(Qmax + 7));
+    c.optimized.chunked_loss = *rc::gen::weightedElement<bool>({{4, true}, {1, false}});
+    c.optimized.sparse_attention = *rc::gen::weightedElement<bool>({{4, true}, {1, false}});
+    c.optimized.checkpoint_layers = *rc::gen::arbitrary<bool>();
+    c.optimized.attention_tile = *rc::gen::inRange<int64_t>(1, c.data.seq_len + 2);
+    c.run.dtype = *rc::gen::element(DType::kFloat64, DType::kFloat32, DType::kBFloat16);
+    // A per-head RMSNorm over 2 elements is so ill-conditioned that bf16
+    // rounding alone moves its gradients by tens of percent: bf16 cases use
+    // real-model head dims; float64/float32 cases keep the head_dim-2 corner.
+    if (c.run.dtype == DType::kBFloat16) c.drafter.shape.head_dim = *rc::gen::element<int64_t>(8, 16);
+    c.data.source = "inline";
+    for (int64_t b = 0; b < c.data.batch_size; ++b) {
+      c.data.loss_mask.push_back(gen_mask_row(c.data.seq_len));
+      std::vector<int64_t> ids;
+      for (int64_t s = 0; s < c.data.seq_len; ++s) {
+        const int64_t t = *rc::gen::inRange<int64_t>(0, c.target.vocab_size - 1);
+        ids.push_back(t >= c.data.mask_token_id ? t + 1 : t);  // never the mask token
+      }
+      c.data.input_ids.push_back(ids);
+    }
     validate_config(c);
     return c;
   });

@@ -8,13 +8,20 @@ namespace dflash::harness {
 Comparison compare(const std::string& name, const at::Tensor& candidate,
                    const at::Tensor& same_precision, const at::Tensor& ref64,
                    const Tolerance& tol) {
+  return compare(name, candidate, std::vector<at::Tensor>{same_precision}, ref64, tol);
+}
+
+Comparison compare(const std::string& name, const at::Tensor& candidate,
+                   const std::vector<at::Tensor>& same_precision, const at::Tensor& ref64,
+                   const Tolerance& tol) {
   Comparison c;
   c.name = name;
-  if (!ref64.defined() || !candidate.defined() || !same_precision.defined()) {
+  bool same_defined = true;
+  for (const at::Tensor& t : same_precision) same_defined = same_defined && t.defined();
+  if (!ref64.defined() || !candidate.defined() || !same_defined) {
     c.ok = !ref64.defined() && !candidate.defined();
     c.message = c.ok ? "" : fmt::format("defined: candidate {}, same-precision {}, float64 {}",
-                                        candidate.defined(), same_precision.defined(),
-                                        ref64.defined());
+                                        candidate.defined(), same_defined, ref64.defined());
     return c;
   }
   if (candidate.sizes() != ref64.sizes()) {
@@ -31,8 +38,10 @@ Comparison compare(const std::string& name, const at::Tensor& candidate,
   }
   c.worst_index = d.argmax().item<int64_t>();
   c.err = d[c.worst_index].item<double>();
-  c.err_same = (same_precision.detach().to(at::kDouble).reshape(-1) - r).abs().max().item<double>();
-  c.bound = tol.k * c.err_same + tol.floor_rel * scale;
+  for (const at::Tensor& t : same_precision)
+    c.err_same = std::max(c.err_same,
+                          (t.detach().to(at::kDouble).reshape(-1) - r).abs().max().item<double>());
+  c.bound = tol.k * c.err_same + tol.floor_rel * scale + tol.floor_abs;
   c.rel_err = scale > 0 ? c.err / scale : c.err;
   c.worst_candidate = candidate.detach().to(at::kDouble).reshape(-1)[c.worst_index].item<double>();
   c.worst_reference = r[c.worst_index].item<double>();

@@ -1,7 +1,7 @@
 // The project's tolerance rule (DEVELOPERS.md): per tensor,
 //   err(candidate vs float64 reference) <= k * err(same-precision reference
 //                                          vs float64 reference) + floor,
-// err = max |x - ref64|, floor = floor_rel * max |ref64|. A float64 candidate
+// err = max |x - ref64|, floor = floor_rel * max |ref64| + floor_abs. A float64 candidate
 // faces err(same) = 0, i.e. floor alone ("float64 tight").
 #pragma once
 
@@ -15,6 +15,7 @@ namespace dflash::harness {
 struct Tolerance {
   double k = 2.0;           // how much worse than the same-precision reference
   double floor_rel = 1e-9;  // relative to the reference's largest magnitude
+  double floor_abs = 0.0;   // absolute (loss terms: nats, whose summands are ~1)
 };
 
 struct Comparison {
@@ -32,6 +33,12 @@ struct Comparison {
 
 Comparison compare(const std::string& name, const at::Tensor& candidate,
                    const at::Tensor& same_precision, const at::Tensor& ref64, const Tolerance& tol);
+// err(same) is the worst over several same-precision reference runs: the
+// reference's own run and runs whose inputs were perturbed at the rounding
+// level of that precision, so an ill-conditioned case widens its own bound.
+Comparison compare(const std::string& name, const at::Tensor& candidate,
+                   const std::vector<at::Tensor>& same_precision, const at::Tensor& ref64,
+                   const Tolerance& tol);
 
 // All comparisons of a case, and a table of them; `context` (e.g. the config
 // as TOML) is printed under a failure.

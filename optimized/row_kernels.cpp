@@ -95,8 +95,8 @@ DFLASH_INLINE Acc log_sum_exp_shifted(const T* z, int64_t V, Acc m, Acc scale) {
 // written over the student row; the KL is accumulated in the same pass so
 // each exp is taken once. `same_t` (T == 1) shares softmax(z) and softmax(z/T).
 template <typename T, typename Acc, bool same_t>
-DFLASH_INLINE Acc grad_and_kl(T* zs, const T* zt, int64_t V, Acc lse, Acc lse_st, Acc lse_tt,
-                              Acc inv_t, Acc gce, Acc gkl) {
+DFLASH_INLINE Acc grad_and_kl(T* zs, const T* zt, int64_t V, int64_t label, Acc lse, Acc lse_st,
+                              Acc lse_tt, Acc inv_t, Acc gce, Acc gkl) {
   Acc kl = 0;
 #pragma omp simd reduction(+ : kl)
   for (int64_t v = 0; v < V; ++v) {
@@ -107,7 +107,9 @@ DFLASH_INLINE Acc grad_and_kl(T* zs, const T* zt, int64_t V, Acc lse, Acc lse_st
     const Acc p = exp_acc(z - lse);
     const Acc ps = same_t ? p : exp_acc(log_ps);
     kl += pt * (log_pt - log_ps);
-    store(zs, v, gce * p + gkl * (ps - pt));
+    // The one-hot term is subtracted in Acc precision, before the store:
+    // with p ~ 1 at the label, bf16(p) - 1 would lose every digit.
+    store(zs, v, gce * (p - Acc(v == label)) + gkl * (ps - pt));
   }
   return kl;
 }
@@ -146,14 +148,16 @@ DFLASH_INLINE void one_row(const LossRows& a, int64_t r) {
     const Acc lse_tt = inv_t * mt + log_sum_exp_shifted<T, Acc>(zt, V, mt, inv_t);
     Acc kl;
     if (!a.want_grad) kl = kl_only<T, Acc>(zs, zt, V, lse_st, lse_tt, inv_t);
-    else if (same_t) kl = grad_and_kl<T, Acc, true>(zs, zt, V, lse, lse_st, lse_tt, inv_t, gce, gkl);
-    else kl = grad_and_kl<T, Acc, false>(zs, zt, V, lse, lse_st, lse_tt, inv_t, gce, gkl);
+    else if (same_t)
+      kl = grad_and_kl<T, Acc, true>(zs, zt, V, label, lse, lse_st, lse_tt, inv_t, gce, gkl);
+    else
+      kl = grad_and_kl<T, Acc, false>(zs, zt, V, label, lse, lse_st, lse_tt, inv_t, gce, gkl);
     a.kl[r] = double(kl);
   } else if (a.want_grad) {
 #pragma omp simd
-    for (int64_t v = 0; v < V; ++v) store(zs, v, gce * exp_acc(load(zs, v) - lse));
+    for (int64_t v = 0; v < V; ++v)
+      store(zs, v, gce * (exp_acc(load(zs, v) - lse) - Acc(v == label)));
   }
-  if (a.want_grad) store(zs, label, load(zs, label) - gce);
 }
 
 // One clone per instruction set on x86-64 (chosen at load time); elsewhere

@@ -114,10 +114,13 @@ at::Tensor mm_acc(const at::Tensor& a, const at::Tensor& b, at::ScalarType acc) 
 }
 
 // Forward of one (batch row, kv head): online softmax over the context tiles
-// (a prefix of the stacked rows each), then over each block's own keys.
+// (a prefix of the stacked rows each), then over each block's own keys. The
+// P V product runs in acc precision (fp32 for bf16 inputs): then O is exactly
+// sum_j p_j v_j, which backward's D = rowsum(dO o O) relies on to keep the
+// softmax Jacobian's rows summing to zero.
 void forward_head(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                   const at::Tensor& anchors, const at::Tensor& keep, at::Tensor& out,
-                  at::Tensor& lse, const Geometry& g, int64_t b, int64_t h) {
+                  at::Tensor& out_acc, at::Tensor& lse, const Geometry& g, int64_t b, int64_t h) {
   const Plan p = make_plan(g, anchors, keep, b, h);
   const int64_t R = g.rows_per_block(), K = int64_t(p.blocks.size()), rows = K * R;
   if (K == 0) return;  // every block keep = false: output stays 0
@@ -132,19 +135,25 @@ void forward_head(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     at::Tensor s = mm_acc(Qs.narrow(0, 0, n), Kb.narrow(0, t0, T).t(), g.acc);  // (n, T)
     online_softmax_parallel({acc_dtype(g), n, T, s.data_ptr(), p.limits.data_ptr<int64_t>(), t0,
                              g.scale}, m, l, acc);
-    acc.narrow(0, 0, n).add_(mm_acc(s.to(st), Vb.narrow(0, t0, T), g.acc));
+    acc.narrow(0, 0, n).add_(mm_acc(s, Vb.narrow(0, t0, T).to(g.acc), g.acc));
   }
   // Own block keys: a batched (K, R, hd) x (K, hd, bs) product.
   const at::Tensor Ko = Kb.narrow(0, g.S, g.Q).view({g.N, g.bs, g.hd}).index_select(0, p.block_ids);
   const at::Tensor Vo = Vb.narrow(0, g.S, g.Q).view({g.N, g.bs, g.hd}).index_select(0, p.block_ids);
   at::Tensor s = mm_acc(Qs.view({K, R, g.hd}), Ko.transpose(1, 2), g.acc);  // (K, R, bs)
   online_softmax_parallel({acc_dtype(g), rows, g.bs, s.data_ptr(), nullptr, 0, g.scale}, m, l, acc);
-  acc.add_(mm_acc(s.to(st), Vo, g.acc).view({rows, g.hd}));
-  out[b].view({g.nh * g.Q, g.hd}).index_copy_(0, p.rows, (acc / l.unsqueeze(1)).to(st));
+  acc.add_(mm_acc(s, Vo.to(g.acc), g.acc).view({rows, g.hd}));
+  const at::Tensor o = acc / l.unsqueeze(1);  // (K*R, hd) in acc precision
+  out[b].view({g.nh * g.Q, g.hd}).index_copy_(0, p.rows, o.to(st));
+  if (out_acc.defined()) out_acc[b].view({g.nh * g.Q, g.hd}).index_copy_(0, p.rows, o);
   lse[b].view({g.nh * g.Q}).index_copy_(0, p.rows, m + l.log());
 }
 
 // Backward of one (batch row, kv head); it owns that head's dK and dV rows.
+// `out` is the output in acc precision. For bf16 inputs dP = dO V^T is also
+// formed in fp32, so that dS = p (dP - D) with D = rowsum(dO o O) cancels as
+// the reference's p (dp - sum p dp) does; from two separately rounded bf16
+// quantities the difference would keep their rounding errors.
 void backward_head(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                    const at::Tensor& out, const at::Tensor& lse, const at::Tensor& dout,
                    const at::Tensor& anchors, const at::Tensor& keep, at::Tensor& dq,
@@ -166,7 +175,7 @@ void backward_head(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
                   const at::Tensor& Vt, int64_t n, int64_t T, const int64_t* limits, int64_t t0,
                   at::Tensor dQt, at::Tensor dKt, at::Tensor dVt) {
     at::Tensor s = mm_acc(Qt, Kt.transpose(-1, -2), g.acc);   // (.., n, T)
-    at::Tensor dP = mm_acc(dOt, Vt.transpose(-1, -2), g.acc);  // (.., n, T)
+    at::Tensor dP = mm_acc(dOt.to(g.acc), Vt.to(g.acc).transpose(-1, -2), g.acc);  // (.., n, T)
     softmax_backward_parallel({acc_dtype(g), n, T, s.data_ptr(), limits, t0, g.scale}, L, D, dP);
     const at::Tensor dS = dP.to(st);
     dVt.add_(mm_acc(s.to(st).transpose(-1, -2), dOt, g.acc));
@@ -200,13 +209,15 @@ struct SparseAttention : public torch::autograd::Function<SparseAttention> {
     const at::Tensor q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous();
     const Geometry g = geometry(q, k, anchors, S, bs, tile);
     at::Tensor out = at::zeros_like(q);  // keep = false blocks stay exactly 0
+    // Low-precision inputs also keep the output in acc precision for backward.
+    at::Tensor out_acc = q.scalar_type() == g.acc ? at::Tensor() : at::zeros(q.sizes(), g.acc);
     at::Tensor lse = at::zeros({g.B, g.nh, g.Q}, g.acc);
     // Heads run one after another: the GEMMs inside are large enough for
     // the BLAS threads, and BLAS called from inside at::parallel_for
     // oversubscribes the cores (measured 2.5x slower on 2 cores).
     for (int64_t i = 0; i < g.B * g.nkv; ++i)
-      forward_head(q, k, v, anchors, keep, out, lse, g, i / g.nkv, i % g.nkv);
-    ctx->save_for_backward({q, k, v, out, lse, anchors, keep});
+      forward_head(q, k, v, anchors, keep, out, out_acc, lse, g, i / g.nkv, i % g.nkv);
+    ctx->save_for_backward({q, k, v, out_acc.defined() ? out_acc : out, lse, anchors, keep});
     ctx->saved_data["S"] = S;
     ctx->saved_data["bs"] = bs;
     ctx->saved_data["tile"] = tile;

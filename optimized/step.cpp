@@ -28,10 +28,26 @@ CheckpointContract layer_contract(int64_t i, const at::Tensor& x, const at::Tens
   return c;
 }
 
+DraftLayout real_layout(const Config& c, const StepInputs& in) {
+  return make_draft_layout(in.input_ids, in.loss_mask, in.anchors, c.data.block_size,
+                           c.data.mask_token_id, c.loss.gamma);
+}
+
+at::Tensor real_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          const Anchors& a, int64_t S, int64_t bs, int64_t tile) {
+  return draft_attention(q, k, v, a, S, bs, tile);
+}
+
 }  // namespace
 
+const Components& real_components() {
+  static const Components parts{real_layout, real_attention, loss_and_metrics, checkpoint};
+  return parts;
+}
+
 at::Tensor drafter_hidden(const Config& c, const DrafterWeights& w, const FrozenWeights& f,
-                          const StepInputs& in, const DraftLayout& layout) {
+                          const StepInputs& in, const DraftLayout& layout,
+                          const Components& parts) {
   const LayerShape s = c.drafter.shape;
   const OptimizedConfig o = c.optimized;
   const int64_t S = in.input_ids.size(1), bs = layout.block_size;
@@ -40,10 +56,10 @@ at::Tensor drafter_hidden(const Config& c, const DrafterWeights& w, const Frozen
   const reference::DraftRope rope = reference::draft_rope(S, layout.positions, s, x.scalar_type());
   // Captured by value: a checkpointed layer re-runs this in backward, after
   // drafter_hidden has returned.
-  const reference::AttentionFn attend = [a = in.anchors, S, bs, o](
+  const reference::AttentionFn attend = [a = in.anchors, S, bs, o, sparse = parts.attention](
                                             const at::Tensor& q, const at::Tensor& k,
                                             const at::Tensor& v) {
-    return o.sparse_attention ? draft_attention(q, k, v, a, S, bs, o.attention_tile)
+    return o.sparse_attention ? sparse(q, k, v, a, S, bs, o.attention_tile)
                               : reference::draft_attention(q, k, v, a, S, bs);
   };
   for (size_t i = 0; i < w.layers.size(); ++i) {
@@ -53,7 +69,7 @@ at::Tensor drafter_hidden(const Config& c, const DrafterWeights& w, const Frozen
       continue;
     }
     const bool first = i == 0;
-    x = checkpoint(layer_contract(int64_t(i), x, context, lw),
+    x = parts.checkpoint(layer_contract(int64_t(i), x, context, lw),
                    [first, lw, s, rope, attend](const std::vector<at::Tensor>& g,
                                                 const std::vector<at::Tensor>& in) {
                      const at::Tensor& xi = first ? in[0] : g[0];
@@ -64,16 +80,20 @@ at::Tensor drafter_hidden(const Config& c, const DrafterWeights& w, const Frozen
   return reference::rms_norm(x, w.norm, s.rms_norm_eps);                      // (B, Q, H)
 }
 
+StepOutputs drafter_step_with(const Config& c, const DrafterWeights& master,
+                              const FrozenWeights& f, const StepInputs& in,
+                              const Components& parts) {
+  const DrafterWeights w = cast(master, f.lm_head.scalar_type());
+  const DraftLayout layout = parts.layout(c, in);
+  const at::Tensor D = drafter_hidden(c, w, f, in, layout, parts);
+  return c.optimized.chunked_loss
+             ? parts.loss(c, D, in.target_hidden, f.lm_head, layout, in.anchors)
+             : reference::loss_and_metrics(c, D, in.target_hidden, f.lm_head, layout, in.anchors);
+}
+
 StepOutputs drafter_step(const Config& c, const DrafterWeights& master, const FrozenWeights& f,
                          const StepInputs& in) {
-  const DrafterWeights w = cast(master, f.lm_head.scalar_type());
-  const DraftLayout layout = make_draft_layout(in.input_ids, in.loss_mask, in.anchors,
-                                               c.data.block_size, c.data.mask_token_id,
-                                               c.loss.gamma);
-  const at::Tensor D = drafter_hidden(c, w, f, in, layout);
-  return c.optimized.chunked_loss
-             ? loss_and_metrics(c, D, in.target_hidden, f.lm_head, layout, in.anchors)
-             : reference::loss_and_metrics(c, D, in.target_hidden, f.lm_head, layout, in.anchors);
+  return drafter_step_with(c, master, f, in, real_components());
 }
 
 }  // namespace dflash::optimized

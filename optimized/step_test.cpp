@@ -1,6 +1,7 @@
-// The optimized step against the reference step: every component switch
-// combination float64 tight, tiny.toml in float32 by the error ratio, and a
-// bfloat16 run against the bfloat16 reference.
+// The optimized step against the reference step (tolerances: the dtype rules
+// of harness/parity.h): every component switch combination float64 tight,
+// tiny.toml in float32 by the error ratio, and bfloat16 against the bfloat16
+// reference.
 #include <gtest/gtest.h>
 
 #include <fmt/format.h>
@@ -26,8 +27,7 @@ TEST_P(SwitchCombos, Float64Tight) {
   c.optimized.sparse_attention = GetParam() & 2;
   c.optimized.checkpoint_layers = GetParam() & 4;
   c.optimized.attention_tile = 3;
-  // float64 both sides: rounding-order differences only.
-  const auto rep = harness::step_parity(drafter_step, c, 2, {1.0, 1e-10});
+  const auto rep = harness::step_parity(drafter_step, c, 2);
   EXPECT_TRUE(rep.ok()) << rep.format(config_to_toml(c));
 }
 
@@ -39,8 +39,7 @@ INSTANTIATE_TEST_SUITE_P(Optimized, SwitchCombos, ::testing::Range(0, 8), [](con
 TEST(OptimizedStep, TinyTomlFloat32ErrorRatio) {
   Config c = tiny();
   c.optimized.checkpoint_layers = true;
-  // fp32: 4x the fp32 reference's own error plus ~1 ulp of each tensor's scale.
-  const auto rep = harness::step_parity(drafter_step, c, 0, {4.0, 1e-7});
+  const auto rep = harness::step_parity(drafter_step, c, 0);
   EXPECT_TRUE(rep.ok()) << rep.format(config_to_toml(c));
   if (std::getenv("DFLASH_VERBOSE")) std::cout << rep.format();
 }
@@ -48,10 +47,7 @@ TEST(OptimizedStep, TinyTomlFloat32ErrorRatio) {
 TEST(OptimizedStep, TinyTomlBfloat16ErrorRatio) {
   Config c = tiny();
   c.run.dtype = DType::kBFloat16;
-  // bf16 compute (8-bit mantissa): the two builds round at different places
-  // (tiles, chunks, fused softmax), so allow 4x the bf16 reference's own
-  // error plus 1/256 (one bf16 ulp) of each tensor's scale.
-  const auto rep = harness::step_parity(drafter_step, c, 0, {4.0, 1.0 / 256});
+  const auto rep = harness::step_parity(drafter_step, c, 0);
   EXPECT_TRUE(rep.ok()) << rep.format(config_to_toml(c));
   if (std::getenv("DFLASH_VERBOSE")) std::cout << rep.format();
 }

@@ -1,0 +1,264 @@
+// Component-level parity properties: the loss, the attention and the
+// checkpoint against their reference twins on generated shapes.
+#include <ATen/CPUGeneratorImpl.h>
+#include <rapidcheck.h>
+
+#include <fmt/format.h>
+
+#include "harness/parity.h"
+#include "harness/properties.h"
+#include "reference/layers.h"
+#include "reference/step.h"
+
+namespace dflash::harness {
+namespace {
+
+at::Tensor randn(at::IntArrayRef shape, uint64_t seed) {
+  at::Generator g = at::make_generator<at::CPUGeneratorImpl>(seed);
+  return at::randn(shape, g, at::kDouble);
+}
+
+at::Tensor leaf(const at::Tensor& t, at::ScalarType dt) {
+  return t.detach().to(dt).clone().requires_grad_(true);
+}
+
+at::Tensor gen_mask(int64_t B, int64_t S) {
+  at::Tensor m = at::zeros({B, S}, at::kBool);
+  for (int64_t b = 0; b < B; ++b) {
+    const int pattern = *rc::gen::inRange(0, 4);
+    for (int64_t s = 0; s < S; ++s)
+      m[b][s] = pattern == 2 || (pattern == 0 && *rc::gen::inRange(0, 10) < 7) ||
+                (pattern == 3 && (s <= 1 || s >= S - 2));
+  }
+  return m;
+}
+
+struct LossCase {
+  Config cfg;
+  int64_t B, S, H, V;
+  at::Tensor mask, ids;
+  uint64_t seed;
+  double upstream;
+};
+
+rc::Gen<LossCase> gen_loss_case() {
+  return rc::gen::exec([] {
+    LossCase c;
+    c.B = *rc::gen::inRange<int64_t>(1, 4);
+    c.S = *rc::gen::inRange<int64_t>(2, 17);
+    c.H = *rc::gen::element<int64_t>(4, 8, 12);
+    c.V = *rc::gen::inRange<int64_t>(2, 41);
+    c.cfg.data.block_size = *rc::gen::inRange<int64_t>(2, 6);
+    c.cfg.data.max_anchors = *rc::gen::inRange<int64_t>(1, 6);
+    const int64_t Qmax = c.cfg.data.block_size * c.cfg.data.max_anchors;
+    c.cfg.loss.chunk_size = *rc::gen::oneOf(rc::gen::just<int64_t>(0), rc::gen::just<int64_t>(1),
+                                            rc::gen::inRange<int64_t>(2, Qmax + 1),
+                                            rc::gen::just<int64_t>(Qmax + 5));
+    c.cfg.loss.ce_weight = *rc::gen::element(0.0, 0.5, 1.0);
+    c.cfg.loss.kl_weight = c.cfg.loss.ce_weight == 0 ? 1.0 : *rc::gen::element(0.0, 0.3, 1.0);
+    c.cfg.loss.temperature = *rc::gen::element(0.5, 1.0, 1.7);
+    c.cfg.loss.gamma = *rc::gen::element(0.0, 0.7, 3.0);
+    c.cfg.run.dtype = *rc::gen::element(DType::kFloat64, DType::kFloat32, DType::kBFloat16);
+    c.mask = gen_mask(c.B, c.S);
+    c.seed = *rc::gen::inRange<uint64_t>(0, 1u << 30);
+    c.ids = at::randint(c.V, {c.B, c.S}, at::make_generator<at::CPUGeneratorImpl>(c.seed), at::kLong);
+    c.upstream = *rc::gen::element(0.37, -1.9, 3.0);
+    return c;
+  });
+}
+
+struct LossRun {
+  StepOutputs out;
+  at::Tensor grad;
+};
+
+std::string check_loss_case(const LossFn& candidate, const LossCase& c, std::string* size) {
+  Rng rng(c.seed);
+  const Anchors a = sample_anchors(c.mask, c.cfg.data.max_anchors, rng);
+  const DraftLayout l = make_draft_layout(c.ids, c.mask, a, c.cfg.data.block_size, c.V - 1,
+                                          c.cfg.loss.gamma);
+  const int64_t Q = l.noise_ids.size(1);
+  *size = fmt::format("B={} S={} Q={} H={} V={} chunk={} {}", c.B, c.S, Q, c.H, c.V,
+                      c.cfg.loss.chunk_size, dtype_name(c.cfg.run.dtype));
+  const at::Tensor D = randn({c.B, Q, c.H}, c.seed + 1), Ht = randn({c.B, c.S, c.H}, c.seed + 2);
+  const at::Tensor W = randn({c.V, c.H}, c.seed + 3);
+  const DtypeRule& rule = dtype_rule(c.cfg.run.dtype);
+  auto run = [&](const LossFn& fn, at::ScalarType dt, uint64_t jitter) {
+    // jitter > 0: inputs perturbed at the rounding level (harness/parity.h).
+    auto j = [&](const at::Tensor& t, uint64_t k) {
+      return jitter ? t * (1 + rule.rounding * randn(t.sizes(), c.seed + 97 * jitter + k)) : t;
+    };
+    const at::Tensor x = leaf(j(D, 1), dt);
+    LossRun r{fn(c.cfg, x * 1.0, j(Ht, 2).to(dt), j(W, 3).to(dt), l, a), {}};
+    (r.out.loss * c.upstream).backward();
+    r.grad = x.grad();
+    return r;
+  };
+  const LossRun r64 = run(reference::loss_and_metrics, at::kDouble, 0);
+  const at::ScalarType dt = scalar_type(c.cfg.run.dtype);
+  std::vector<LossRun> same = {dt == at::kDouble ? r64 : run(reference::loss_and_metrics, dt, 0)};
+  if (dt != at::kDouble)
+    for (uint64_t k = 1; k <= 2; ++k) same.push_back(run(reference::loss_and_metrics, dt, k));
+  const LossRun cand = run(candidate, dt, 0);
+  ComparisonReport rep;
+  for (const auto& [name, get] :
+       std::vector<std::pair<const char*, std::function<at::Tensor(const LossRun&)>>>{
+           {"loss", [](const LossRun& r) { return r.out.loss; }},
+           {"ce", [](const LossRun& r) { return r.out.ce; }},
+           {"kl", [](const LossRun& r) { return r.out.kl; }},
+           {"grad.student_hidden", [](const LossRun& r) { return r.grad; }}}) {
+    std::vector<at::Tensor> s;
+    for (const LossRun& r : same) s.push_back(get(r));
+    const bool nats = std::string(name) != "grad.student_hidden";
+    rep.rows.push_back(compare(name, get(cand), s, get(r64), nats ? loss_tolerance(rule.tol) : rule.tol));
+  }
+  // Argmax metrics: exact in float64; float32 may flip near ties only.
+  const at::Tensor logits = reference::project(D, W);
+  const at::Tensor top2 = std::get<0>(logits.topk(std::min<int64_t>(2, c.V), -1));
+  const double scale = 1.0 + (logits.numel() ? logits.abs().max().item<double>() : 0.0);
+  const at::Tensor near = c.V < 2 ? at::zeros_like(l.counted)
+                                  : (top2.select(-1, 0) - top2.select(-1, 1)) < rule.logit_noise * scale;
+  const int64_t ties = (near & l.counted).sum().item<int64_t>();
+  const bool metrics_ok = (cand.out.correct - r64.out.correct).abs().sum().item<int64_t>() <= ties &&
+                          at::equal(cand.out.counted, r64.out.counted);
+  if (!metrics_ok) {
+    Comparison m;
+    m.name = "metric.correct_per_slot";
+    m.message = fmt::format("{} hits differ with {} near ties", 
+                            (cand.out.correct - r64.out.correct).abs().sum().item<int64_t>(), ties);
+    rep.rows.push_back(m);
+  }
+  return rep.ok() ? "" : rep.format(*size);
+}
+
+struct AttnCase {
+  int64_t B, S, N, bs, nkv, G, hd, tile;
+  DType dtype;
+  Anchors a;
+  uint64_t seed;
+};
+
+rc::Gen<AttnCase> gen_attention_case() {
+  return rc::gen::exec([] {
+    AttnCase c;
+    c.B = *rc::gen::inRange<int64_t>(1, 4);
+    c.S = *rc::gen::inRange<int64_t>(2, 21);
+    c.N = *rc::gen::inRange<int64_t>(0, 6);
+    c.bs = *rc::gen::inRange<int64_t>(2, 6);
+    c.nkv = *rc::gen::inRange<int64_t>(1, 4);
+    c.G = *rc::gen::inRange<int64_t>(1, 4);
+    c.hd = *rc::gen::element<int64_t>(2, 4, 8);
+    c.tile = *rc::gen::inRange<int64_t>(1, c.S + 3);
+    c.dtype = *rc::gen::element(DType::kFloat64, DType::kFloat32, DType::kBFloat16);
+    c.a.anchors = at::zeros({c.B, c.N}, at::kLong);
+    c.a.keep = at::zeros({c.B, c.N}, at::kBool);
+    for (int64_t b = 0; b < c.B; ++b)
+      for (int64_t n = 0; n < c.N; ++n) {
+        c.a.anchors[b][n] = *rc::gen::oneOf(rc::gen::just<int64_t>(0), rc::gen::just<int64_t>(c.S - 2),
+                                            rc::gen::inRange<int64_t>(0, c.S - 1));
+        c.a.keep[b][n] = *rc::gen::weightedElement<bool>({{4, true}, {1, false}});
+      }
+    c.seed = *rc::gen::inRange<uint64_t>(0, 1u << 30);
+    return c;
+  });
+}
+
+std::string check_attention_case(const AttentionFn& candidate, const AttnCase& c,
+                                 std::string* size) {
+  const int64_t Q = c.N * c.bs, nh = c.nkv * c.G;
+  *size = fmt::format("B={} S={} N={} bs={} nh={} nkv={} hd={} tile={} {}", c.B, c.S, c.N, c.bs,
+                      nh, c.nkv, c.hd, c.tile, dtype_name(c.dtype));
+  const at::Tensor q = randn({c.B, nh, Q, c.hd}, c.seed), k = randn({c.B, c.nkv, c.S + Q, c.hd}, c.seed + 1);
+  const at::Tensor v = randn({c.B, c.nkv, c.S + Q, c.hd}, c.seed + 2);
+  const at::Tensor dout = randn({c.B, nh, Q, c.hd}, c.seed + 3);  // per-element upstream
+  auto run = [&](const AttentionFn& fn, at::ScalarType dt) {
+    const at::Tensor ql = leaf(q, dt), kl = leaf(k, dt), vl = leaf(v, dt);
+    const at::Tensor out = fn(ql, kl, vl, c.a, c.S, c.bs, c.tile);
+    (out * dout.to(dt)).sum().backward();
+    return std::vector<at::Tensor>{out, ql.grad(), kl.grad(), vl.grad()};
+  };
+  const AttentionFn dense = [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                               const Anchors& a, int64_t S, int64_t bs, int64_t) {
+    return reference::draft_attention(q, k, v, a, S, bs);
+  };
+  const auto r64 = run(dense, at::kDouble);
+  const at::ScalarType dt = scalar_type(c.dtype);
+  const auto same = dt == at::kDouble ? r64 : run(dense, dt);
+  const auto cand = run(candidate, dt);
+  ComparisonReport rep;
+  const char* names[] = {"out", "grad.q", "grad.k", "grad.v"};
+  for (int i = 0; i < 4; ++i)
+    rep.rows.push_back(compare(names[i], cand[size_t(i)], same[size_t(i)], r64[size_t(i)],
+                               dtype_rule(c.dtype).tol));
+  return rep.ok() ? "" : rep.format(*size);
+}
+
+std::string check_checkpoint_case(const CheckpointImpl& candidate, std::string* size) {
+  const int64_t rows = *rc::gen::inRange<int64_t>(1, 7), width = *rc::gen::inRange<int64_t>(1, 9);
+  const bool noise = *rc::gen::arbitrary<bool>();
+  const uint64_t seed = *rc::gen::inRange<uint64_t>(0, 1u << 30);
+  *size = fmt::format("rows={} width={}{}", rows, width, noise ? " with dropout" : "");
+  const at::Tensor w1 = randn({width, width}, seed).requires_grad_(),
+                   w2 = randn({width, 3}, seed + 1).requires_grad_();
+  auto region = [&](const at::Tensor& x, const at::Tensor& ctx) {
+    at::Tensor h = at::tanh(at::matmul(x, w1)) + ctx;
+    if (noise) h = h * (at::rand_like(h) > 0.3);  // needs the RNG replayed in recompute
+    return at::matmul(h * h, w2);
+  };
+  auto grads = [&](bool use_candidate) {
+    const at::Tensor x0 = randn({rows, width}, seed + 2).requires_grad_(),
+                     c0 = randn({rows, width}, seed + 3).requires_grad_();
+    const at::Tensor x = x0 * 2, ctx = c0 * 1.5;
+    at::manual_seed(int64_t(seed));
+    at::Tensor out;
+    if (use_candidate)
+      out = candidate({"region", {{"x", x}, {"ctx", ctx}}, {}, {{"w1", w1}, {"w2", w2}}},
+                      [&](const std::vector<at::Tensor>& g, const std::vector<at::Tensor>&) {
+                        return region(g[0], g[1]);
+                      });
+    else
+      out = region(x, ctx);
+    w1.mutable_grad().reset();
+    w2.mutable_grad().reset();
+    (out * randn(out.sizes(), seed + 4)).sum().backward();
+    return std::vector<at::Tensor>{x0.grad(), c0.grad(), w1.grad(), w2.grad()};
+  };
+  std::vector<at::Tensor> plain, cand;
+  try {
+    plain = grads(false);
+    cand = grads(true);
+  } catch (const std::exception& e) {
+    return fmt::format("{}: {}", *size, e.what());
+  }
+  ComparisonReport rep;
+  const char* names[] = {"grad.x", "grad.ctx", "grad.w1", "grad.w2"};
+  for (int i = 0; i < 4; ++i)
+    rep.rows.push_back(compare(names[i], cand[size_t(i)], plain[size_t(i)], plain[size_t(i)],
+                               dtype_rule(DType::kFloat64).tol));
+  return rep.ok() ? "" : rep.format(*size);
+}
+
+}  // namespace
+
+PropertyOutcome check_loss_parity(const LossFn& candidate, const PropertyRun& run,
+                                  const std::string& name) {
+  return run_property_public(name, run, [&](std::string* size) {
+    return check_loss_case(candidate, *gen_loss_case(), size);
+  });
+}
+
+PropertyOutcome check_attention_parity(const AttentionFn& candidate, const PropertyRun& run,
+                                       const std::string& name) {
+  return run_property_public(name, run, [&](std::string* size) {
+    return check_attention_case(candidate, *gen_attention_case(), size);
+  });
+}
+
+PropertyOutcome check_checkpoint_parity(const CheckpointImpl& candidate, const PropertyRun& run,
+                                        const std::string& name) {
+  return run_property_public(name, run, [&](std::string* size) {
+    return check_checkpoint_case(candidate, size);
+  });
+}
+
+}  // namespace dflash::harness
