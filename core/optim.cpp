@@ -1,0 +1,59 @@
+#include "core/optim.h"
+
+#include <cmath>
+
+namespace dflash {
+
+AdamW::AdamW(const NamedTensors& params, const OptimConfig& cfg) : params_(params), cfg_(cfg) {
+  for (const auto& [name, p] : params_) {
+    TORCH_CHECK(p.requires_grad(), "AdamW: parameter ", name, " does not require grad");
+    // Moments in fp32 (fp64 for a float64 run's masters).
+    const at::ScalarType mt = p.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+    m_.push_back(at::zeros_like(p, mt));
+    v_.push_back(at::zeros_like(p, mt));
+  }
+}
+
+double AdamW::lr_at(int64_t step) const {
+  if (cfg_.warmup_steps > 0 && step < cfg_.warmup_steps)
+    return cfg_.lr * double(step + 1) / double(cfg_.warmup_steps);
+  if (cfg_.total_steps <= cfg_.warmup_steps) return cfg_.lr;
+  const double progress = std::min(1.0, double(step - cfg_.warmup_steps) /
+                                            double(cfg_.total_steps - cfg_.warmup_steps));
+  const double cosine = 0.5 * (1.0 + std::cos(M_PI * progress));
+  return cfg_.lr * (cfg_.min_lr_ratio + (1.0 - cfg_.min_lr_ratio) * cosine);
+}
+
+AdamW::Stats AdamW::step() {
+  at::NoGradGuard no_grad;
+  double sq = 0;
+  for (const auto& [name, p] : params_)
+    if (p.grad().defined()) sq += p.grad().to(at::kDouble).pow(2).sum().item<double>();
+  const double norm = std::sqrt(sq);
+  const double scale = (cfg_.clip_norm > 0 && norm > cfg_.clip_norm) ? cfg_.clip_norm / (norm + 1e-6) : 1.0;
+  const double lr = lr_at(t_);
+  ++t_;
+  const double bc1 = 1.0 - std::pow(cfg_.beta1, double(t_));
+  const double bc2 = 1.0 - std::pow(cfg_.beta2, double(t_));
+  for (size_t i = 0; i < params_.size(); ++i) {
+    at::Tensor p = params_[i].second;
+    const at::Tensor g = p.grad().defined() ? p.grad().to(m_[i].scalar_type()) * scale : at::zeros_like(m_[i]);
+    m_[i].mul_(cfg_.beta1).add_(g, 1.0 - cfg_.beta1);
+    v_[i].mul_(cfg_.beta2).addcmul_(g, g, 1.0 - cfg_.beta2);
+    const at::Tensor update = (m_[i] / bc1) / ((v_[i] / bc2).sqrt() + cfg_.eps);
+    if (cfg_.weight_decay != 0) p.mul_(1.0 - lr * cfg_.weight_decay);
+    p.sub_(update.to(p.scalar_type()), lr);
+  }
+  return {norm, lr};
+}
+
+NamedTensors AdamW::state() const {
+  NamedTensors out;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    out.emplace_back("exp_avg." + params_[i].first, m_[i]);
+    out.emplace_back("exp_avg_sq." + params_[i].first, v_[i]);
+  }
+  return out;
+}
+
+}  // namespace dflash

@@ -1,0 +1,138 @@
+#include "harness/audit.h"
+
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
+
+#include <unordered_set>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "core/optim.h"
+
+namespace dflash::harness {
+namespace {
+
+struct GraphFacts {
+  std::unordered_set<const c10::TensorImpl*> leaves;  // AccumulateGrad variables
+  int checkpoint_regions = 0;
+  std::vector<std::string> broken_boundaries;
+};
+
+GraphFacts walk(const at::Tensor& loss) {
+  GraphFacts f;
+  std::unordered_set<const torch::autograd::Node*> seen;
+  std::vector<const torch::autograd::Node*> stack{loss.grad_fn().get()};
+  while (!stack.empty()) {
+    const torch::autograd::Node* n = stack.back();
+    stack.pop_back();
+    if (!n || !seen.insert(n).second) continue;
+    if (const auto* acc = dynamic_cast<const torch::autograd::AccumulateGrad*>(n))
+      f.leaves.insert(acc->variable.unsafeGetTensorImpl());
+    if (n->name().rfind("CheckpointBackward", 0) == 0) {
+      ++f.checkpoint_regions;
+      for (const auto& e : n->next_edges())
+        if (!e.is_valid()) f.broken_boundaries.push_back(n->name());
+    }
+    for (const auto& e : n->next_edges()) stack.push_back(e.function.get());
+  }
+  return f;
+}
+
+// Parameters whose gradient may legitimately be all zero in this step.
+bool context_blind(const StepInputs& in) {
+  return !((in.anchors.anchors > 0) & in.anchors.keep).any().item<bool>();
+}
+
+}  // namespace
+
+bool AuditReport::has(char cls) const {
+  const std::string tag = fmt::format("({})", cls);
+  for (const auto& f : findings)
+    if (f.rfind(tag, 0) == 0) return true;
+  return false;
+}
+
+AuditReport audit_step(const StepFn& fn, const Config& c, const DrafterWeights& w0,
+                       const TargetWeights& target0, const StepInputs& in) {
+  AuditReport rep;
+  DrafterWeights w = clone(w0);
+  TargetWeights target = target0;  // the frozen tensors themselves: a mutant may touch them
+  NamedTensors frozen;
+  visit(target, [&](const std::string& n, at::Tensor& t) { frozen.emplace_back(n, t); });
+  std::vector<at::Tensor> before;
+  for (auto& [n, t] : frozen) before.push_back(t.detach().clone());
+
+  StepOutputs out;
+  try {
+    out = fn(c, w, target.frozen(), in);
+  } catch (const std::exception& e) {
+    rep.findings.push_back(fmt::format("(d) the step failed: {}", e.what()));
+    return rep;
+  }
+  const GraphFacts g = walk(out.loss);
+  rep.checkpoint_regions = g.checkpoint_regions;
+  for (const auto& b : g.broken_boundaries)
+    rep.findings.push_back(fmt::format("(d) {} has an input without a graph edge", b));
+  try {
+    out.loss.backward();
+  } catch (const std::exception& e) {
+    rep.findings.push_back(fmt::format("(d) backward failed: {}", e.what()));
+    return rep;
+  }
+  const double wsum = out.weight_sum.item<double>();
+  const bool blind = context_blind(in);
+  for (auto& [name, p] : named(w)) {
+    AuditRow r{name, true, p.sizes().vec()};
+    r.reachable = g.leaves.count(p.unsafeGetTensorImpl()) > 0;
+    const at::Tensor gr = p.grad();
+    r.grad_defined = gr.defined();
+    if (r.grad_defined) {
+      r.finite = at::isfinite(gr).all().item<bool>();
+      r.grad_norm = gr.to(at::kDouble).norm().item<double>();
+    }
+    const bool may_be_zero = wsum == 0 || (blind && (name == "fc.weight" || name == "hidden_norm.weight"));
+    if (!r.reachable) r.verdict = "(a) not reachable from the loss";
+    else if (!r.grad_defined) r.verdict = "(c) gradient undefined";
+    else if (!r.finite) r.verdict = "(c) gradient not finite";
+    else if (r.grad_norm == 0 && !may_be_zero) r.verdict = "(c) gradient exactly zero";
+    else if (r.grad_norm != 0 && wsum == 0) r.verdict = "(c) gradient nonzero with no weighted position";
+    rep.rows.push_back(r);
+  }
+  AdamW opt(named(w), OptimConfig{});
+  opt.step();
+  for (size_t i = 0; i < frozen.size(); ++i) {
+    const auto& [name, t] = frozen[i];
+    AuditRow r{name, false, t.sizes().vec()};
+    r.reachable = g.leaves.count(t.unsafeGetTensorImpl()) > 0;
+    r.grad_defined = t.grad().defined();
+    r.moved = !at::equal(t.detach(), before[i]);
+    if (t.requires_grad()) r.verdict = "(b) frozen tensor requires grad";
+    if (r.reachable) r.verdict = "(b) frozen tensor reachable from the loss";
+    if (r.grad_defined) r.verdict = "(b) frozen tensor has a gradient";
+    if (r.moved) r.verdict = "(b) frozen tensor changed in the optimizer step";
+    rep.rows.push_back(r);
+  }
+  for (auto& r : rep.rows) {
+    if (r.verdict.empty()) r.verdict = "ok";
+    else rep.findings.push_back(fmt::format("{} {}", r.verdict.substr(0, 3),
+                                            r.name + ": " + r.verdict.substr(4)));
+  }
+  return rep;
+}
+
+std::string AuditReport::format() const {
+  std::string s = fmt::format("{:<46} {:>9} {:>9} {:>5} {:>6} {:>12} {:>5}  {}\n", "tensor", "role",
+                              "reachable", "grad", "finite", "|grad|", "moved", "verdict");
+  for (const auto& r : rows)
+    s += fmt::format("{:<46} {:>9} {:>9} {:>5} {:>6} {:>12.4e} {:>5}  {}\n", r.name,
+                     r.trainable ? "trainable" : "frozen", r.reachable ? "yes" : "NO",
+                     r.grad_defined ? "yes" : "-", r.finite ? "yes" : "NO", r.grad_norm,
+                     r.moved ? "YES" : "no", r.verdict);
+  s += fmt::format("checkpointed regions in the graph: {}\n", checkpoint_regions);
+  if (findings.empty()) s += "audit: ok\n";
+  for (const auto& f : findings) s += "finding " + f + "\n";
+  return s;
+}
+
+}  // namespace dflash::harness

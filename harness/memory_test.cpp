@@ -1,0 +1,156 @@
+// Memory ceilings: measured peaks (c10 allocator probe) under the analytic
+// working sets of harness/memory.h at several sizes, and the two scaling
+// laws: the chunked loss's peak does not grow with Q beyond its O(Q*H)
+// gradient, nor the attention's with S beyond its O(S*hd) key gradients.
+#include <gtest/gtest.h>
+
+#include "core/alloc_probe.h"
+#include "fixtures/fixtures.h"
+#include "harness/memory.h"
+#include "optimized/chunked_loss.h"
+#include "optimized/sparse_attention.h"
+#include "optimized/step.h"
+
+namespace dflash::harness {
+namespace {
+
+// Slack on every ceiling: allocator rounding, small index tensors and
+// autograd bookkeeping the formulas leave out (stated, not tuned per case).
+constexpr double kSlack = 1.15;
+constexpr double kSlackBytes = 256 * 1024;
+
+struct LossSetup {
+  Config cfg;
+  at::Tensor D, Ht, W;
+  DraftLayout layout;
+  Anchors anchors;
+  int64_t M;
+};
+
+LossSetup loss_setup(int64_t Q, int64_t H, int64_t V, int64_t C, bool kl) {
+  LossSetup s;
+  s.cfg = fixtures::micro_config();
+  s.cfg.loss = {1.0, kl ? 0.5 : 0.0, 1.0, 0.0, C};
+  s.D = at::randn({1, Q, H}).requires_grad_(true);
+  s.Ht = at::randn({1, Q, H});
+  s.W = at::randn({V, H});
+  s.layout.block_size = 16;
+  s.layout.labels = at::randint(V, {1, Q}, at::kLong);
+  s.layout.teacher_index = at::arange(Q, at::kLong).view({1, Q});
+  s.layout.counted = at::ones({1, Q}, at::kBool);
+  s.layout.weights = at::ones({1, Q}, at::kDouble);
+  s.anchors = {at::zeros({1, Q / 16}, at::kLong), at::ones({1, Q / 16}, at::kBool)};
+  s.M = Q;
+  return s;
+}
+
+int64_t loss_peak(LossSetup& s) {
+  AllocProbe::install();
+  AllocProbe::Scope scope;
+  optimized::loss_and_metrics(s.cfg, s.D, s.Ht, s.W, s.layout, s.anchors).loss.backward();
+  s.D.mutable_grad().reset();
+  return scope.peak_delta();
+}
+
+TEST(MemoryCeiling, ChunkedLossUnderItsFormula) {
+  for (auto [Q, H, V, C, kl] : std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t, bool>>{
+           {512, 64, 4096, 64, true}, {1024, 32, 8192, 128, false}, {256, 128, 2048, 100, true}}) {
+    LossSetup s = loss_setup(Q, H, V, C, kl);
+    const int64_t peak = loss_peak(s);
+    const Formula f = chunked_loss_bytes(Q, Q, H, V, C, kl, 4);
+    EXPECT_LE(double(peak), f.bytes * kSlack + kSlackBytes) << f.text << " measured " << peak;
+    if (std::getenv("DFLASH_VERBOSE")) std::cout << "measured/formula " << double(peak) / f.bytes << "\n";
+    EXPECT_GE(double(peak), f.bytes * 0.5) << "formula far above measurement: " << f.text;
+  }
+}
+
+TEST(MemoryCeiling, ChunkedLossPeakDoesNotGrowWithQAtFixedChunk) {
+  // Doubling Q may add the O(Q*H) gradient terms (2*4*H bytes per row, both
+  // passes' copies), never a Q*V term: H = 16 and V = 8192 make one extra
+  // logits row per position 512x larger than what is allowed.
+  const int64_t H = 16, V = 8192, C = 64;
+  LossSetup a = loss_setup(512, H, V, C, true), b = loss_setup(2048, H, V, C, true);
+  const int64_t pa = loss_peak(a), pb = loss_peak(b);
+  const double allowed = (2048 - 512) * (2.0 * 4 * H + 64) + kSlackBytes;
+  EXPECT_LE(double(pb - pa), allowed) << "peaks " << pa << " -> " << pb;
+}
+
+struct AttnSetup {
+  at::Tensor q, k, v, dout;
+  Anchors a;
+  int64_t S, bs;
+};
+
+AttnSetup attn_setup(int64_t S, int64_t N, int64_t nh, int64_t nkv, int64_t hd) {
+  AttnSetup s;
+  s.S = S, s.bs = 16;
+  const int64_t Q = N * s.bs;
+  s.q = at::randn({1, nh, Q, hd}).requires_grad_(true);
+  s.k = at::randn({1, nkv, S + Q, hd}).requires_grad_(true);
+  s.v = at::randn({1, nkv, S + Q, hd}).requires_grad_(true);
+  s.dout = at::randn({1, nh, Q, hd});
+  s.a = {std::get<0>(at::randint(1, S - 1, {1, N}, at::kLong).sort(1)), at::ones({1, N}, at::kBool)};
+  return s;
+}
+
+int64_t attn_peak(AttnSetup& s, int64_t tile) {
+  AllocProbe::install();
+  AllocProbe::Scope scope;
+  optimized::draft_attention(s.q, s.k, s.v, s.a, s.S, s.bs, tile).backward(s.dout);
+  for (at::Tensor* t : {&s.q, &s.k, &s.v}) t->mutable_grad().reset();
+  return scope.peak_delta();
+}
+
+TEST(MemoryCeiling, SparseAttentionUnderItsFormula) {
+  for (auto [S, N, nh, nkv, hd, T] : std::vector<std::array<int64_t, 6>>{
+           {512, 8, 8, 2, 32, 64}, {1024, 16, 4, 4, 16, 128}, {256, 4, 8, 1, 64, 32}}) {
+    AttnSetup s = attn_setup(S, N, nh, nkv, hd);
+    const int64_t peak = attn_peak(s, T);
+    const Formula f = sparse_attention_bytes(1, nh, nkv, N * 16, S, hd, T, 4, 4);
+    EXPECT_LE(double(peak), f.bytes * kSlack + kSlackBytes) << f.text << " measured " << peak;
+    if (std::getenv("DFLASH_VERBOSE")) std::cout << "measured/formula " << double(peak) / f.bytes << "\n";
+  }
+}
+
+TEST(MemoryCeiling, SparseAttentionPeakDoesNotGrowWithSAtFixedTile) {
+  // Growing S may add the key gradients and their accumulators (O(S*hd) per
+  // kv head), never an O(Q*S) score term: nh*Q*4 bytes per key here is 32x
+  // what is allowed.
+  const int64_t N = 16, nh = 8, nkv = 2, hd = 16, T = 64;
+  AttnSetup a = attn_setup(512, N, nh, nkv, hd), b = attn_setup(2048, N, nh, nkv, hd);
+  const int64_t pa = attn_peak(a, T), pb = attn_peak(b, T);
+  const double per_key = 4.0 * nkv * hd * 2 /* dk, dv */ + 4.0 * hd * 2 /* accumulators */;
+  EXPECT_LE(double(pb - pa), (2048 - 512) * per_key * kSlack + kSlackBytes)
+      << "peaks " << pa << " -> " << pb;
+}
+
+TEST(MemoryCeiling, CheckpointedLayersKeepOnlyTheirInputs) {
+  Config c = fixtures::micro_config();
+  c.run.dtype = DType::kFloat32;
+  c.target.shape = {64, 4, 2, 16, 256, 1e6, 1e-6};
+  c.drafter.shape = c.target.shape;
+  c.drafter.num_hidden_layers = 3;
+  c.data = {"fixture", 2, 64, 4, 8, 31};
+  c.optimized.checkpoint_layers = true;
+  const TargetWeights target = fixtures::make_target(c);
+  const DrafterWeights w = fixtures::make_drafter(c);
+  const StepInputs in = fixtures::make_step_inputs(c, target, 0);
+  const DraftLayout l = make_draft_layout(in.input_ids, in.loss_mask, in.anchors, 4, 31, 0.0);
+  auto held = [&](bool checkpointed) {
+    Config cc = c;
+    cc.optimized.checkpoint_layers = checkpointed;
+    AllocProbe::install();
+    const int64_t before = AllocProbe::live_bytes();
+    const at::Tensor D = optimized::drafter_hidden(cc, w, target.frozen(), in, l);
+    return AllocProbe::live_bytes() - before;  // what the graph keeps for backward
+  };
+  const int64_t Q = l.noise_ids.size(1);
+  const Formula f = checkpointed_drafter_bytes(3, 2, Q, 64, 64, 16, 4);
+  const int64_t ck = held(true), plain = held(false);
+  EXPECT_LE(double(ck), f.bytes * kSlack + kSlackBytes) << f.text << " measured " << ck;
+  EXPECT_LT(double(ck), 0.5 * double(plain)) << "checkpointed " << ck << " plain " << plain;
+  if (std::getenv("DFLASH_VERBOSE")) std::cout << "checkpointed " << ck << " formula " << f.bytes << " plain " << plain << "\n";
+}
+
+}  // namespace
+}  // namespace dflash::harness
