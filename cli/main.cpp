@@ -8,6 +8,8 @@
 #include <exception>
 
 #include "cli/commands.h"
+#include "core/step.h"
+#include "harness/parity_run.h"
 
 // libtorch's OpenMP threads spin after each parallel region by default and
 // then fight OpenBLAS's own threads for the cores (measured: the optimized
@@ -75,12 +77,42 @@ int main(int argc, char** argv) {
   b->add_option("--json", bench.json, "Also write the results as JSON");
   b->add_option("--threads", bench.threads, "Intra-op threads (default: OMP_NUM_THREADS or cores)");
 
+  dflash::harness::ParityOptions par;
+  auto* p = app.add_subcommand("parity", "Gradient parity properties, the requires_grad audit, "
+                                         "memory ceilings and the bug zoo; exit 1 on any failure");
+  p->add_option("--cases", par.cases, "Cases per property (default 200)");
+  p->add_option("--seed", par.seed, "RapidCheck seed (default 1)");
+  p->add_option("--config", par.config, "Also audit this config (built at its own size)")
+      ->check(CLI::ExistingFile);
+  p->add_option("--reproduce", par.reproduce, "Replay one counterexample TOML")
+      ->check(CLI::ExistingFile);
+  p->add_option("--json", par.json, "Write the report as JSON");
+  p->add_option("--junit", par.junit, "Write the report as JUnit XML");
+  p->add_option("--out-dir", par.out_dir, "Where failing counterexamples are written");
+  bool no_zoo = false;
+  p->add_flag("--no-zoo", no_zoo, "Skip the bug zoo");
+
+  std::string audit_config, audit_build = "optimized";
+  auto* au = app.add_subcommand("audit", "The requires_grad / frozen-weight audit of one step");
+  au->add_option("--config", audit_config, "Config TOML")->required()->check(CLI::ExistingFile);
+  au->add_option("--build", audit_build, "reference or optimized")
+      ->check(CLI::IsMember({"reference", "optimized"}));
+
   CLI11_PARSE(app, argc, argv);
+  par.zoo = !no_zoo;
   try {
     if (*s) return cmd_step(step);
     if (*d) return cmd_dump(dump);
     if (*v) return cmd_validate(val);
     if (*b) return cmd_bench(bench);
+    if (*p) {
+      dflash::configure_threads(0);
+      return dflash::harness::run_parity(par);
+    }
+    if (*au) {
+      dflash::configure_threads(0);
+      return dflash::harness::run_audit(audit_config, audit_build);
+    }
   } catch (const c10::Error& e) {
     std::fprintf(stderr, "dflash: error: %s\n", e.what_without_backtrace());
     return 2;

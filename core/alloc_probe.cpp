@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <mutex>
+#include <unordered_map>
 
 namespace dflash {
 namespace {
@@ -21,19 +22,33 @@ void add(int64_t n) {
   }
 }
 
-struct Counted {
-  c10::DataPtr inner;  // frees the memory when this context is deleted
-  int64_t bytes;
-  static void release(void* ctx) {
-    auto* c = static_cast<Counted*>(ctx);
-    g_live.fetch_sub(c->bytes);
-    delete c;
+// Sizes of the live allocations, by data pointer. The DataPtr keeps its
+// context equal to the data pointer (c10's raw_allocate asserts that), so
+// the size lives here instead of in the context.
+std::mutex g_sizes_mutex;
+std::unordered_map<void*, int64_t>& sizes() {
+  static auto* m = new std::unordered_map<void*, int64_t>();  // never destroyed: frees may come late
+  return *m;
+}
+c10::DeleterFnPtr g_base_deleter = nullptr;
+
+void counted_delete(void* p) {
+  int64_t n = 0;
+  {
+    std::lock_guard<std::mutex> lock(g_sizes_mutex);
+    auto it = sizes().find(p);
+    if (it != sizes().end()) n = it->second, sizes().erase(it);
   }
-};
+  g_live.fetch_sub(n);
+  g_base_deleter(p);
+}
 
 class CountingAllocator final : public c10::Allocator {
  public:
-  explicit CountingAllocator(c10::Allocator* base) : base_(base) {}
+  explicit CountingAllocator(c10::Allocator* base) : base_(base) {
+    g_base_deleter = base->raw_deleter();
+    TORCH_CHECK(g_base_deleter, "AllocProbe: the CPU allocator has no raw deleter to wrap");
+  }
 
 // PyTorch 2.3 dropped the const on allocate() and added copy_data().
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
@@ -44,15 +59,17 @@ class CountingAllocator final : public c10::Allocator {
 #else
   c10::DataPtr allocate(size_t n) const override { return wrap(n); }
 #endif
+  c10::DeleterFnPtr raw_deleter() const override { return &counted_delete; }
 
  private:
   c10::DataPtr wrap(size_t n) const {
-    c10::DataPtr inner = base_->allocate(n);
-    void* data = inner.get();
-    const c10::Device device = inner.device();
+    void* p = base_->raw_allocate(n);
+    {
+      std::lock_guard<std::mutex> lock(g_sizes_mutex);
+      sizes()[p] = int64_t(n);
+    }
     add(int64_t(n));
-    return c10::DataPtr(data, new Counted{std::move(inner), int64_t(n)}, &Counted::release,
-                        device);
+    return c10::DataPtr(p, p, &counted_delete, c10::Device(c10::DeviceType::CPU));
   }
   c10::Allocator* base_;
 };

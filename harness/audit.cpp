@@ -53,35 +53,10 @@ bool AuditReport::has(char cls) const {
   return false;
 }
 
-AuditReport audit_step(const StepFn& fn, const Config& c, const DrafterWeights& w0,
-                       const TargetWeights& target0, const StepInputs& in) {
-  AuditReport rep;
-  DrafterWeights w = clone(w0);
-  TargetWeights target = target0;  // the frozen tensors themselves: a mutant may touch them
-  NamedTensors frozen;
-  visit(target, [&](const std::string& n, at::Tensor& t) { frozen.emplace_back(n, t); });
-  std::vector<at::Tensor> before;
-  for (auto& [n, t] : frozen) before.push_back(t.detach().clone());
+namespace {
 
-  StepOutputs out;
-  try {
-    out = fn(c, w, target.frozen(), in);
-  } catch (const std::exception& e) {
-    rep.findings.push_back(fmt::format("(d) the step failed: {}", e.what()));
-    return rep;
-  }
-  const GraphFacts g = walk(out.loss);
-  rep.checkpoint_regions = g.checkpoint_regions;
-  for (const auto& b : g.broken_boundaries)
-    rep.findings.push_back(fmt::format("(d) {} has an input without a graph edge", b));
-  try {
-    out.loss.backward();
-  } catch (const std::exception& e) {
-    rep.findings.push_back(fmt::format("(d) backward failed: {}", e.what()));
-    return rep;
-  }
-  const double wsum = out.weight_sum.item<double>();
-  const bool blind = context_blind(in);
+void check_trainable(AuditReport& rep, const DrafterWeights& w, const GraphFacts& g, double wsum,
+                     bool blind) {
   for (auto& [name, p] : named(w)) {
     AuditRow r{name, true, p.sizes().vec()};
     r.reachable = g.leaves.count(p.unsafeGetTensorImpl()) > 0;
@@ -99,8 +74,10 @@ AuditReport audit_step(const StepFn& fn, const Config& c, const DrafterWeights& 
     else if (r.grad_norm != 0 && wsum == 0) r.verdict = "(c) gradient nonzero with no weighted position";
     rep.rows.push_back(r);
   }
-  AdamW opt(named(w), OptimConfig{});
-  opt.step();
+}
+
+void check_frozen(AuditReport& rep, const NamedTensors& frozen, const std::vector<at::Tensor>& before,
+                  const GraphFacts& g) {
   for (size_t i = 0; i < frozen.size(); ++i) {
     const auto& [name, t] = frozen[i];
     AuditRow r{name, false, t.sizes().vec()};
@@ -113,10 +90,44 @@ AuditReport audit_step(const StepFn& fn, const Config& c, const DrafterWeights& 
     if (r.moved) r.verdict = "(b) frozen tensor changed in the optimizer step";
     rep.rows.push_back(r);
   }
+}
+
+}  // namespace
+
+AuditReport audit_step(const StepFn& fn, const Config& c, const DrafterWeights& w0,
+                       const TargetWeights& target0, const StepInputs& in) {
+  AuditReport rep;
+  DrafterWeights w = clone(w0);
+  TargetWeights target = target0;  // the frozen tensors themselves: a mutant may touch them
+  NamedTensors frozen;
+  visit(target, [&](const std::string& n, at::Tensor& t) { frozen.emplace_back(n, t); });
+  std::vector<at::Tensor> before;
+  for (auto& [n, t] : frozen) before.push_back(t.detach().clone());
+
+  // Forward, backward, one AdamW step; a failure in any is a (d) finding and
+  // the later stages are skipped, but the frozen tensors are checked anyway.
+  GraphFacts g;
+  try {
+    const StepOutputs out = fn(c, w, target.frozen(), in);
+    g = walk(out.loss);
+    for (const auto& b : g.broken_boundaries)
+      rep.findings.push_back(fmt::format("(d) {} has an input without a graph edge", b));
+    try {
+      out.loss.backward();
+      check_trainable(rep, w, g, out.weight_sum.item<double>(), context_blind(in));
+      AdamW(named(w), OptimConfig{}).step();
+    } catch (const std::exception& e) {
+      rep.findings.push_back(fmt::format("(d) backward failed: {}", e.what()));
+    }
+  } catch (const std::exception& e) {
+    rep.findings.push_back(fmt::format("(d) the step failed: {}", e.what()));
+  }
+  rep.checkpoint_regions = g.checkpoint_regions;
+  check_frozen(rep, frozen, before, g);
   for (auto& r : rep.rows) {
     if (r.verdict.empty()) r.verdict = "ok";
-    else rep.findings.push_back(fmt::format("{} {}", r.verdict.substr(0, 3),
-                                            r.name + ": " + r.verdict.substr(4)));
+    else rep.findings.push_back(fmt::format("{} {}: {}", r.verdict.substr(0, 3), r.name,
+                                            r.verdict.substr(4)));
   }
   return rep;
 }

@@ -47,6 +47,10 @@ void check_contract(const CheckpointContract& c) {
                                       "detached from the graph, so nothing before it would "
                                       "get a gradient", n.name));
   }
+  for (const Named& n : c.inputs)
+    if (n.tensor.requires_grad())
+      violation(c.region, fmt::format("input '{}' is declared non-differentiable but requires "
+                                      "grad: its gradient would be dropped", n.name));
   for (const Named& p : c.params)
     if (!p.tensor.requires_grad())
       violation(c.region, fmt::format("parameter '{}' must receive a gradient but does not "

@@ -8,7 +8,8 @@
 // never PyTorch's silent "gradients will be None":
 //   - a named grad input that does not require grad, or (for an activation)
 //     that is a leaf cut from the graph, throws at the call;
-//   - a named parameter that does not require grad throws at the call;
+//   - a named parameter that does not require grad, or an input declared
+//     non-differentiable that does, throws at the call;
 //   - in backward, a named parameter that gets no gradient, or a trainable
 //     tensor the region uses without naming it, throws.
 #pragma once

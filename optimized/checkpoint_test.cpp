@@ -105,6 +105,17 @@ TEST(Checkpoint, ThrowsOnParameterWithoutGrad) {
   EXPECT_NE(msg.find("'mlp.w2'"), std::string::npos) << msg;
 }
 
+TEST(Checkpoint, ThrowsOnNonDifferentiableInputThatRequiresGrad) {
+  const Region r = make_region();
+  const at::Tensor x = at::randn({5, 6}, at::kDouble).requires_grad_() * 1.0;
+  const at::Tensor embed = at::randn({5, 6}, at::kDouble).requires_grad_();
+  const std::string msg = error_of([&] {
+    checkpoint({"layers.0", {{"hidden", x}}, {{"x (frozen embeddings)", embed}}, {{"w1", r.w1}, {"w2", r.w2}}},
+               body(r));
+  });
+  EXPECT_NE(msg.find("declared non-differentiable"), std::string::npos) << msg;
+}
+
 TEST(Checkpoint, ThrowsInBackwardOnUnnamedTrainableTensor) {
   const Region r = make_region();
   const at::Tensor x = at::randn({5, 6}, at::kDouble).requires_grad_() * 1.0;

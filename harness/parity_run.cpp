@@ -1,0 +1,198 @@
+#include "harness/parity_run.h"
+
+#include <chrono>
+#include <cstdio>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "core/safetensors.h"
+#include "fixtures/fixtures.h"
+#include "harness/audit.h"
+#include "harness/parity.h"
+#include "harness/properties.h"
+#include "harness/zoo.h"
+#include "optimized/checkpoint.h"
+#include "optimized/chunked_loss.h"
+#include "optimized/sparse_attention.h"
+#include "optimized/step.h"
+#include "reference/step.h"
+
+namespace dflash::harness {
+namespace {
+
+struct CheckRow {
+  std::string name;
+  bool passed;
+  std::string figure;  // cases run, peak vs ceiling, findings...
+  double seconds;
+  std::string detail;
+};
+
+double since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void progress(const std::string& what) {
+  fmt::print(stderr, "[parity] {} ...\n", what);
+  std::fflush(stderr);
+}
+
+CheckRow property_row(const PropertyOutcome& o, const ParityOptions& opt) {
+  CheckRow r{o.name, o.passed, fmt::format("{} cases, seed {}", o.cases_passed, o.seed), o.seconds, ""};
+  if (!o.passed) {
+    r.figure = fmt::format("failed after {} cases (seed {}): {}", o.cases_passed, o.seed, o.size);
+    r.detail = o.report;
+    if (!o.counterexample.empty()) {
+      const std::string path = fmt::format("{}/counterexample-{}.toml", opt.out_dir, o.name);
+      safetensors::write_file_atomic(path, o.counterexample.substr(o.counterexample.find('[')));
+      r.detail += fmt::format("\nminimal counterexample written to {}\nreplay: dflash parity "
+                              "--reproduce {}\n", path, path);
+    }
+  }
+  return r;
+}
+
+CheckRow audit_row(const std::string& name, const StepFn& fn, const Config& c) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const TargetWeights target = fixtures::make_target(c);
+  const DrafterWeights w = fixtures::make_drafter(c);
+  const StepInputs in = fixtures::make_step_inputs(c, target, 0);
+  const AuditReport rep = audit_step(fn, c, w, target, in);
+  return {name, rep.ok(), fmt::format("{} tensors, {} findings, {} checkpointed regions",
+                                      rep.rows.size(), rep.findings.size(), rep.checkpoint_regions),
+          since(t0), rep.ok() ? "" : rep.format()};
+}
+
+CheckRow memory_row(const std::string& name, const MemoryVerdict& v, double seconds) {
+  return {name, v.ok, fmt::format("peak {:.2f} MiB <= ceiling {:.2f} MiB", v.measured / 1048576.0,
+                                  v.ceiling / 1048576.0),
+          seconds, v.ok ? "" : v.text};
+}
+
+void write_reports(const ParityOptions& o, const std::vector<CheckRow>& rows,
+                   const std::vector<KillRow>& kills) {
+  if (!o.json.empty()) {
+    nlohmann::json j = {{"cases", o.cases}, {"seed", o.seed}, {"checks", nlohmann::json::array()},
+                        {"zoo", nlohmann::json::array()}};
+    for (const auto& r : rows)
+      j["checks"].push_back({{"name", r.name}, {"passed", r.passed}, {"figure", r.figure},
+                             {"seconds", r.seconds}, {"detail", r.detail}});
+    for (const auto& k : kills)
+      j["zoo"].push_back({{"mutant", k.mutant.name}, {"failure_mode", k.mutant.failure_mode},
+                          {"meant_for", k.mutant.meant_for}, {"killed", k.killed},
+                          {"caught_by", k.caught_by}, {"counterexample", k.size},
+                          {"seconds", k.seconds}});
+    safetensors::write_file_atomic(o.json, j.dump(2) + "\n");
+  }
+  if (!o.junit.empty()) {
+    auto esc = [](std::string s) {
+      std::string out;
+      for (char ch : s) {
+        if (ch == '<') out += "&lt;";
+        else if (ch == '>') out += "&gt;";
+        else if (ch == '&') out += "&amp;";
+        else if (ch == '"') out += "&quot;";
+        else out += ch;
+      }
+      return out;
+    };
+    int failures = 0;
+    for (const auto& r : rows) failures += !r.passed;
+    std::string x = fmt::format("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuite name=\"dflash-parity\" "
+                                "tests=\"{}\" failures=\"{}\">\n", rows.size(), failures);
+    for (const auto& r : rows) {
+      x += fmt::format("  <testcase name=\"{}\" time=\"{:.3f}\">", esc(r.name), r.seconds);
+      if (!r.passed) x += fmt::format("<failure message=\"{}\">{}</failure>", esc(r.figure), esc(r.detail));
+      x += "</testcase>\n";
+    }
+    x += "</testsuite>\n";
+    safetensors::write_file_atomic(o.junit, x);
+  }
+}
+
+int reproduce(const std::string& path) {
+  const Config c = load_config(path);
+  fmt::print("replaying {} ({})\n", path, config_size(c));
+  const ComparisonReport rep = step_parity(optimized::drafter_step, c);
+  fmt::print("{}{}\n", rep.format(), rep.ok() ? "parity: ok" : "parity: FAILED");
+  return rep.ok() ? 0 : 1;
+}
+
+}  // namespace
+
+int run_parity(const ParityOptions& o) {
+  if (!o.reproduce.empty()) return reproduce(o.reproduce);
+  const PropertyRun run{o.cases, o.seed};
+  std::vector<CheckRow> rows;
+  progress("parity.step");
+  rows.push_back(property_row(check_step_parity(optimized::drafter_step, run), o));
+  progress("parity.loss");
+  rows.push_back(property_row(check_loss_parity(optimized::loss_and_metrics, run), o));
+  progress("parity.attention");
+  const AttentionFn sparse = [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                const Anchors& a, int64_t S, int64_t bs, int64_t tile) {
+    return optimized::draft_attention(q, k, v, a, S, bs, tile);
+  };
+  rows.push_back(property_row(check_attention_parity(sparse, run), o));
+  progress("parity.checkpoint");
+  rows.push_back(property_row(check_checkpoint_parity(optimized::checkpoint, run), o));
+
+  Config audit_cfg = fixtures::micro_config();
+  audit_cfg.optimized.checkpoint_layers = true;
+  progress("audit");
+  rows.push_back(audit_row("audit.reference", reference::drafter_step, audit_cfg));
+  rows.push_back(audit_row("audit.optimized", optimized::drafter_step, audit_cfg));
+  if (!o.config.empty()) {
+    const Config user = load_config(o.config);
+    rows.push_back(audit_row("audit.reference[" + o.config + "]", reference::drafter_step, user));
+    rows.push_back(audit_row("audit.optimized[" + o.config + "]", optimized::drafter_step, user));
+  }
+  progress("memory ceilings");
+  auto t0 = std::chrono::steady_clock::now();
+  const MemoryVerdict loss_mem = loss_memory_check(optimized::loss_and_metrics);
+  rows.push_back(memory_row("memory.chunked_loss", loss_mem, since(t0)));
+  t0 = std::chrono::steady_clock::now();
+  const MemoryVerdict att_mem = attention_memory_check(sparse);
+  rows.push_back(memory_row("memory.sparse_attention", att_mem, since(t0)));
+
+  std::vector<KillRow> kills;
+  if (o.zoo) {
+    for (const Mutant& m : zoo()) {
+      progress("zoo." + m.name);
+      kills.push_back(run_mutant(m, run));
+      const KillRow& k = kills.back();
+      const bool right = k.killed && k.caught_by == m.meant_for;
+      rows.push_back({"zoo." + m.name, right,
+                      right ? "killed by " + k.caught_by : "SURVIVED its " + m.meant_for + " check",
+                      k.seconds, right ? "" : k.detail});
+    }
+  }
+
+  int failed = 0;
+  fmt::print("\n{:<44} {:<6} {:>8}  {}\n", "check", "result", "seconds", "key figure");
+  for (const auto& r : rows) {
+    failed += !r.passed;
+    fmt::print("{:<44} {:<6} {:>8.2f}  {}\n", r.name, r.passed ? "pass" : "FAIL", r.seconds, r.figure);
+  }
+  if (o.zoo) fmt::print("\nkill table (each SPEC.md failure mode as a mutant):\n{}", kill_table(kills));
+  for (const auto& r : rows)
+    if (!r.passed && !r.detail.empty()) fmt::print("\n--- {} ---\n{}\n", r.name, r.detail);
+  write_reports(o, rows, kills);
+  fmt::print("\nparity: {} ({} of {} checks passed)\n", failed ? "FAILED" : "ok",
+             rows.size() - size_t(failed), rows.size());
+  return failed ? 1 : 0;
+}
+
+int run_audit(const std::string& path, const std::string& build) {
+  const Config c = load_config(path);
+  const TargetWeights target = fixtures::make_target(c);
+  const DrafterWeights w = fixtures::make_drafter(c);
+  const StepInputs in = fixtures::make_step_inputs(c, target, 0);
+  const StepFn fn = build == "optimized" ? StepFn(optimized::drafter_step) : StepFn(reference::drafter_step);
+  const AuditReport rep = audit_step(fn, c, w, target, in);
+  fmt::print("audit of one {} step of {}\n{}", build, path, rep.format());
+  return rep.ok() ? 0 : 1;
+}
+
+}  // namespace dflash::harness

@@ -1,0 +1,26 @@
+// `dflash parity`: the parity properties, the audit, the memory ceilings and
+// the bug zoo in one run, with a summary table, JSON and JUnit reports.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace dflash::harness {
+
+struct ParityOptions {
+  int cases = 200;
+  uint64_t seed = 1;
+  bool zoo = true;
+  std::string config;     // also audit this config (built at its full size)
+  std::string reproduce;  // replay one counterexample TOML instead of the suite
+  std::string json, junit;
+  std::string out_dir = ".";  // where failing counterexamples are written
+};
+
+// Exit code: 0 when the real code passes every check and every mutant dies.
+int run_parity(const ParityOptions& o);
+
+// `dflash audit --config C --build B`: the per-parameter table of one step.
+int run_audit(const std::string& config, const std::string& build);
+
+}  // namespace dflash::harness

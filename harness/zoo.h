@@ -1,0 +1,50 @@
+// The bug zoo: every failure mode of SPEC.md's list as a mutant of a real
+// component behind the same interface (optimized::Components, or a StepFn
+// wrapping the real step), each with the harness check meant to kill it.
+// Test-only in spirit: nothing here is reachable from the real step.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "harness/properties.h"
+
+namespace dflash::harness {
+
+// A memory ceiling check of one component implementation.
+struct MemoryVerdict {
+  bool ok;
+  double measured, ceiling;
+  std::string text;
+};
+MemoryVerdict attention_memory_check(const AttentionFn& attention);
+MemoryVerdict loss_memory_check(const LossFn& loss);
+
+// The real two-shard split of a batch (what two drafter ranks compute):
+// numerators and weight sums added over shards before dividing (SPEC step 9).
+StepOutputs two_shard_step(const Config& c, const DrafterWeights& w, const FrozenWeights& f,
+                           const StepInputs& in);
+
+struct Mutant {
+  std::string name;
+  std::string failure_mode;  // the SPEC.md line it implements
+  std::string meant_for;     // "parity", "audit" or "memory"
+};
+const std::vector<Mutant>& zoo();
+
+struct KillRow {
+  Mutant mutant;
+  bool killed = false;
+  std::string caught_by;  // the check that failed, or "" if the mutant survived
+  std::string size;       // the shrunk counterexample, or the measured figure
+  std::string detail;     // the check's message
+  double seconds = 0;
+};
+
+// Runs one mutant under its check (parity: the step property with `run`).
+KillRow run_mutant(const Mutant& m, const PropertyRun& run);
+std::vector<KillRow> run_zoo(const PropertyRun& run);
+std::string kill_table(const std::vector<KillRow>& rows);
+
+}  // namespace dflash::harness
