@@ -24,7 +24,8 @@ case "$case_name" in
   help)
     "$dflash" --help > /dev/null
     "$dflash" bench --help | grep -q -- "--case"
-    for sub in step dump validate; do
+    "$dflash" parity --help | grep -q -- "--reproduce"
+    for sub in step dump validate audit; do
       "$dflash" "$sub" --help | grep -q -- "--config" || { echo "$sub --help lacks --config"; exit 1; }
     done
     ;;
@@ -49,6 +50,23 @@ case "$case_name" in
     "$dflash" bench --quick --repeats 1 --case attention --case step --json "$tmp/bench.json"
     grep -q '"time_ratio"' "$tmp/bench.json"
     grep -q '"peak_ratio"' "$tmp/bench.json"
+    ;;
+  parity)
+    # The suite passes on the real code and prints the kill table ...
+    "$dflash" parity --cases 100 --json "$tmp/p.json" --junit "$tmp/p.xml" > "$tmp/out.txt"
+    grep -q "kill table" "$tmp/out.txt"
+    grep -q 'failures="0"' "$tmp/p.xml"
+    # ... fails on a mutant, writing the shrunk counterexample ...
+    if "$dflash" parity --cases 100 --mutant shifted_labels --out-dir "$tmp" > "$tmp/m.txt"; then
+      echo "the shifted-labels mutant passed parity"; exit 1
+    fi
+    cx="$tmp/counterexample-parity.step.toml"
+    test -s "$cx"
+    # ... which replays: failing against the mutant, passing on the real code.
+    if "$dflash" parity --reproduce "$cx" --mutant shifted_labels > /dev/null; then
+      echo "the replay against the mutant passed"; exit 1
+    fi
+    "$dflash" parity --reproduce "$cx" | tail -1 | grep -q "parity: ok"
     ;;
   *)
     echo "unknown case $case_name"; exit 2 ;;

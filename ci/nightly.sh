@@ -1,7 +1,15 @@
 #!/usr/bin/env bash
-# The nightly suite: everything in the quick suite plus the `nightly` label
-# (larger property runs). RC_PARAMS raises RapidCheck's case count.
+# The nightly suite: the quick suite and the `nightly` label with 20x the
+# property cases and fresh seeds (printed, so a failure can be replayed:
+# DFLASH_CASES=... DFLASH_SEED=... ctest -R <test>), then `dflash parity`
+# at 20x its default case count with the same seed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ci/bootstrap.sh
-RC_PARAMS="${RC_PARAMS:-max_success=500}" ctest --test-dir build -j"$(nproc)" --output-on-failure
+seed="${DFLASH_SEED:-$(date +%s)}"
+echo "nightly seed: $seed"
+export DFLASH_SEED="$seed" DFLASH_CASES="${DFLASH_CASES:-3000}"
+export RC_PARAMS="${RC_PARAMS:-max_success=2000 seed=$seed}"
+ctest --test-dir build -j"$(nproc)" --output-on-failure --timeout 3600
+build/dflash parity --cases 4000 --seed "$seed" --json build/nightly-parity.json \
+  --junit build/nightly-parity.xml --out-dir build

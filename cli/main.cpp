@@ -89,6 +89,9 @@ int main(int argc, char** argv) {
   p->add_option("--json", par.json, "Write the report as JSON");
   p->add_option("--junit", par.junit, "Write the report as JUnit XML");
   p->add_option("--out-dir", par.out_dir, "Where failing counterexamples are written");
+  p->add_option("--mutant", par.mutant,
+                "Check a parity-checked zoo mutant instead (shows a failure; with --reproduce, "
+                "replays against it)");
   bool no_zoo = false;
   p->add_flag("--no-zoo", no_zoo, "Skip the bug zoo");
 

@@ -111,10 +111,15 @@ void write_reports(const ParityOptions& o, const std::vector<CheckRow>& rows,
   }
 }
 
-int reproduce(const std::string& path) {
-  const Config c = load_config(path);
-  fmt::print("replaying {} ({})\n", path, config_size(c));
-  const ComparisonReport rep = step_parity(optimized::drafter_step, c);
+StepFn candidate(const ParityOptions& o) {
+  return o.mutant.empty() ? StepFn(optimized::drafter_step) : mutant_step(o.mutant);
+}
+
+int reproduce(const ParityOptions& o) {
+  const Config c = load_config(o.reproduce);
+  fmt::print("replaying {} ({}) against {}\n", o.reproduce, config_size(c),
+             o.mutant.empty() ? "the optimized step" : "mutant " + o.mutant);
+  const ComparisonReport rep = step_parity(candidate(o), c);
   fmt::print("{}{}\n", rep.format(), rep.ok() ? "parity: ok" : "parity: FAILED");
   return rep.ok() ? 0 : 1;
 }
@@ -122,9 +127,18 @@ int reproduce(const std::string& path) {
 }  // namespace
 
 int run_parity(const ParityOptions& o) {
-  if (!o.reproduce.empty()) return reproduce(o.reproduce);
+  if (!o.reproduce.empty()) return reproduce(o);
   const PropertyRun run{o.cases, o.seed};
   std::vector<CheckRow> rows;
+  if (!o.mutant.empty()) {
+    progress("parity.step against mutant " + o.mutant);
+    rows.push_back(property_row(check_step_parity(candidate(o), run), o));
+    const CheckRow& r = rows.back();
+    fmt::print("{:<44} {:<6} {:>8.2f}  {}\n{}\n", r.name, r.passed ? "pass" : "FAIL", r.seconds,
+               r.figure, r.detail);
+    write_reports(o, rows, {});
+    return r.passed ? 0 : 1;
+  }
   progress("parity.step");
   rows.push_back(property_row(check_step_parity(optimized::drafter_step, run), o));
   progress("parity.loss");

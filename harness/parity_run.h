@@ -15,6 +15,9 @@ struct ParityOptions {
   std::string reproduce;  // replay one counterexample TOML instead of the suite
   std::string json, junit;
   std::string out_dir = ".";  // where failing counterexamples are written
+  // Check a parity-checked zoo mutant instead of the real optimized step
+  // (shows what a failure looks like; with --reproduce, replays against it).
+  std::string mutant;
 };
 
 // Exit code: 0 when the real code passes every check and every mutant dies.

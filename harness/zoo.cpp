@@ -344,17 +344,9 @@ const std::vector<Mutant>& zoo() {
   return z;
 }
 
-KillRow run_mutant(const Mutant& m, const PropertyRun& run) {
+StepFn mutant_step(const std::string& n) {
   Components parts = optimized::real_components();
-  const std::string& n = m.name;
-  if (n == "detached_checkpoint_input") {
-    parts.checkpoint = detached_checkpoint;
-    return audit_kill(m, with_parts(parts), 'a');
-  }
-  if (n == "frozen_embedding_trainable") return audit_kill(m, frozen_embedding_trainable, 'b');
-  if (n == "dense_scores_fallback") return memory_kill(m, [] { return attention_memory_check(dense_fallback); });
-  if (n == "chunk_logits_alive") return memory_kill(m, [] { return loss_memory_check(chunk_logits_alive); });
-  if (n == "per_rank_normalisation") return parity_kill(m, per_rank_normalisation, run);
+  if (n == "per_rank_normalisation") return per_rank_normalisation;
   if (n == "shifted_labels") parts.layout = shifted_labels;
   else if (n == "decay_off_by_one") parts.layout = decay_off_by_one;
   else if (n == "anchor_visible") parts.attention = anchor_visible;
@@ -362,8 +354,21 @@ KillRow run_mutant(const Mutant& m, const PropertyRun& run) {
   else if (n == "grad_output_first_element") parts.attention = grad_output_first_element;
   else if (n == "dropped_ragged_chunk") parts.loss = dropped_ragged_chunk;
   else if (n == "loss_upstream_ignored") parts.loss = loss_upstream_ignored;
-  else throw std::invalid_argument("unknown mutant " + n);
-  return parity_kill(m, with_parts(parts), run);
+  else throw std::invalid_argument("'" + n + "' is not a parity-checked mutant");
+  return with_parts(parts);
+}
+
+KillRow run_mutant(const Mutant& m, const PropertyRun& run) {
+  const std::string& n = m.name;
+  if (n == "detached_checkpoint_input") {
+    Components parts = optimized::real_components();
+    parts.checkpoint = detached_checkpoint;
+    return audit_kill(m, with_parts(parts), 'a');
+  }
+  if (n == "frozen_embedding_trainable") return audit_kill(m, frozen_embedding_trainable, 'b');
+  if (n == "dense_scores_fallback") return memory_kill(m, [] { return attention_memory_check(dense_fallback); });
+  if (n == "chunk_logits_alive") return memory_kill(m, [] { return loss_memory_check(chunk_logits_alive); });
+  return parity_kill(m, mutant_step(n), run);
 }
 
 std::vector<KillRow> run_zoo(const PropertyRun& run) {

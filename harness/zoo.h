@@ -42,6 +42,9 @@ struct KillRow {
   double seconds = 0;
 };
 
+// The step of a parity-checked mutant (throws for audit/memory mutants).
+StepFn mutant_step(const std::string& name);
+
 // Runs one mutant under its check (parity: the step property with `run`).
 KillRow run_mutant(const Mutant& m, const PropertyRun& run);
 std::vector<KillRow> run_zoo(const PropertyRun& run);
