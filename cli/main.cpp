@@ -10,6 +10,7 @@
 #include "cli/commands.h"
 #include "core/step.h"
 #include "harness/parity_run.h"
+#include "harness/plan_run.h"
 
 // libtorch's OpenMP threads spin after each parallel region by default and
 // then fight OpenBLAS's own threads for the cores (measured: the optimized
@@ -101,6 +102,14 @@ int main(int argc, char** argv) {
   au->add_option("--build", audit_build, "reference or optimized")
       ->check(CLI::IsMember({"reference", "optimized"}));
 
+  std::string plan_config, plan_json;
+  bool plan_all = false;
+  auto* pl = app.add_subcommand("plan", "Predict peak memory per rank, by component, and say OOM "
+                                        "or fit for the config and its fallbacks");
+  pl->add_option("--config", plan_config, "Config TOML")->required()->check(CLI::ExistingFile);
+  pl->add_flag("--all-ranks", plan_all, "Break down every rank of every variant");
+  pl->add_option("--json", plan_json, "Write the plans as JSON");
+
   CLI11_PARSE(app, argc, argv);
   par.zoo = !no_zoo;
   try {
@@ -112,6 +121,7 @@ int main(int argc, char** argv) {
       dflash::configure_threads(0);
       return dflash::harness::run_parity(par);
     }
+    if (*pl) return dflash::harness::run_plan(plan_config, plan_all, plan_json);
     if (*au) {
       dflash::configure_threads(0);
       return dflash::harness::run_audit(audit_config, audit_build);

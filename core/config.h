@@ -91,6 +91,7 @@ struct TopologyConfig {
   std::vector<int64_t> drafter_ranks{0};
   std::string device = "cpu";            // "cpu" | "cuda"
   std::vector<double> device_memory_gb;  // per rank (decimal GB); empty = unknown
+  double memory_reserve_gb = 2.0;  // kept free on every device (allocator, CUDA context)
 };
 
 struct Config {

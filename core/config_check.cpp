@@ -171,6 +171,7 @@ void check_topology(const Checker& ck, const Config& c) {
       ck.fail("topology.world_size", "every rank to be a target or a drafter rank",
               fmt::format("world_size {} but {} ranks assigned", tp.world_size, all.size()));
   }
+  ck.non_negative("topology.memory_reserve_gb", tp.memory_reserve_gb);
   if (!tp.device_memory_gb.empty()) {
     if (int64_t(tp.device_memory_gb.size()) != tp.world_size)
       ck.fail("topology.device_memory_gb",
@@ -240,6 +241,7 @@ nlohmann::json config_to_json(const Config& c) {
                    {"device", c.topology.device}};
   if (!c.topology.device_memory_gb.empty())
     j["topology"]["device_memory_gb"] = c.topology.device_memory_gb;
+  j["topology"]["memory_reserve_gb"] = c.topology.memory_reserve_gb;
   return j;
 }
 

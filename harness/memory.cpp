@@ -9,32 +9,100 @@ namespace dflash::harness {
 Formula chunked_loss_bytes(int64_t M, int64_t Ns, int64_t H, int64_t V, int64_t C, bool kl,
                            int64_t e) {
   const double k = kl ? 1 : 0;
-  const double fwd = double(Ns * H * e) + (1 + k) * double(C * V * e) + (2 + k) * double(C * H * e) +
-                     56.0 * double(M);
+  const double fwd = double(Ns * H * e) + (1 + k) * double(C * V * e) +
+                     (2 + k) * double(C * H * e) + 56.0 * double(M);
   const double bwd = 2.0 * double(Ns * H * e);
   return {std::max(fwd, bwd),
-          fmt::format("max(NsHe + (1+kl)CVe + (2+kl)CHe + 56M, 2NsHe) with M={} Ns={} H={} V={} "
-                      "C={} kl={} e={}", M, Ns, H, V, C, kl, e)};
+          fmt::format("max(NsHe + (1+kl)CVe + (2+kl)CHe + 56M, 2NsHe), M={} Ns={} H={} V={} C={} "
+                      "kl={} e={}", M, Ns, H, V, C, kl, e)};
+}
+
+Formula chunked_no_recompute_loss_bytes(int64_t Q, int64_t V, int64_t C, bool kl, int64_t e) {
+  const double up = e < 4 ? 4 : 0, k = kl ? 1 : 0;
+  double peak = 0;
+  for (int64_t r0 = 0; r0 < Q; r0 += std::max<int64_t>(C, 1)) {
+    const int64_t n = std::min(C, Q - r0);
+    peak = std::max(peak, double(V) * ((double(e) + up + 8 * k) * double(r0 + n) +
+                                       4.0 * (3 + 2 * k) * double(n)));
+  }
+  return {peak, fmt::format("max over chunks of V(e + up + 8kl)(rows so far) + 4V(3+2kl)n, Q={} "
+                            "V={} C={} kl={} e={}", Q, V, C, kl, e)};
+}
+
+Formula unchunked_loss_bytes(int64_t Q, int64_t V, bool kl, int64_t e) {
+  const double bytes = 4.0 * double(Q) * double(V) * (5 + 2 * (kl ? 1 : 0)) +
+                       (e < 4 ? double(e) * double(Q) * double(V) : 0.0);
+  return {bytes, fmt::format("4QV(5+2kl) (+ eQV when e < 4), Q={} V={} kl={}", Q, V, kl)};
 }
 
 Formula sparse_attention_bytes(int64_t B, int64_t nh, int64_t nkv, int64_t Q, int64_t S,
                                int64_t hd, int64_t T, int64_t e, int64_t a) {
-  const int64_t G = nh / nkv, R = G * Q;
+  const int64_t R = (nh / nkv) * Q;
   const double outputs = double(e) * double(2 * B * nh * Q * hd + 2 * B * nkv * (S + Q) * hd) +
                          double(a * B * nh * Q);
   const double head = double(3 * e + 3 * a) * double(R * hd) + 2.0 * a * double((S + Q) * hd) +
-                      3.0 * a * double(R * std::min(T, S + Q));
+                      2.0 * a * double(R * std::min(T, S + Q));
   return {outputs + head,
           fmt::format("e(2B nh Q hd + 2B nkv (S+Q) hd) + a B nh Q + (3e+3a) R hd + 2a (S+Q) hd + "
-                      "3a R T with R=G*Q={}", R)};
+                      "2a R T, R={}", R)};
 }
 
-Formula checkpointed_drafter_bytes(int64_t layers, int64_t B, int64_t Q, int64_t S, int64_t H,
-                                   int64_t hd, int64_t e) {
-  const double bytes = double((layers + 3) * B * Q * H * e) + double(4 * B * S * H * e) +
-                       double(2 * B * (S + Q) * hd * e);
-  return {bytes, fmt::format("(layers + 3) B Q H e + 4 B S H e + 2 B (S+Q) hd e with layers={}",
-                             layers)};
+Formula dense_scores_one_copy(int64_t B, int64_t nh, int64_t Q, int64_t S) {
+  return {4.0 * double(B) * double(nh) * double(Q) * double(S + Q),
+          fmt::format("4 B nh Q (S+Q) = fp32 [{}, {}, {}, {}]", B, nh, Q, S + Q)};
+}
+
+Formula dense_attention_saved_bytes(int64_t B, int64_t nh, int64_t nkv, int64_t Q, int64_t S,
+                                    int64_t hd, int64_t e) {
+  // Beyond what the sparse path saves (its q/k/v copies, output and lse are
+  // in layer_activation_bytes): K and V repeated to the nh heads, minus the
+  // sparse path's own q and output copies.
+  const double bytes = 2.4 * dense_scores_one_copy(B, nh, Q, S).bytes +
+                       2.0 * double(e) * double(B * (nh - nkv) * (S + Q) * hd) -
+                       2.0 * double(e) * double(B * nh * Q * hd) - 100.0 * double(B * nh * Q);
+  return {std::max(bytes, 0.0),
+          "2.4 x 4 B nh Q (S+Q) + 2e B (nh-nkv)(S+Q) hd - 2e B nh Q hd - 100 B nh Q"};
+}
+
+Formula layer_activation_bytes(int64_t B, int64_t Q, int64_t S, const LayerShape& s, int64_t e) {
+  const double BQ = double(B * Q), BK = double(B * (S + Q));
+  const double bytes = double(e) * (6.5 * BQ * double(s.hidden_size) +
+                                    6.0 * BQ * double(s.num_attention_heads * s.head_dim) +
+                                    4.0 * BQ * double(s.intermediate_size) +
+                                    0.5 * BK * double(s.hidden_size) +
+                                    5.0 * BK * double(s.num_key_value_heads * s.head_dim));
+  return {bytes, "e(6.5BQH + 6BQ nh hd + 4BQI + 0.5B(S+Q)H + 5B(S+Q) nkv hd)"};
+}
+
+Formula mlp_share_bytes(int64_t B, int64_t Q, int64_t H, int64_t I, int64_t e) {
+  return {double(e) * double(4 * B * Q * I + 2 * B * Q * H), "e(4BQI + 2BQH)"};
+}
+
+Formula checkpointed_saved_bytes(int64_t layers, int64_t B, int64_t Q, int64_t S, int64_t H,
+                                 int64_t hd, int64_t e) {
+  return {double((layers + 3) * B * Q * H * e) + double(2 * B * (S + Q) * hd * e),
+          fmt::format("(layers+3) BQHe + 2B(S+Q) hd e, layers={}", layers)};
+}
+
+Formula context_bytes(int64_t B, int64_t S, int64_t H, int64_t e) {
+  return {double(4 * B * S * H * e), "4 BSHe"};
+}
+
+int64_t layer_param_count(const LayerShape& s) {
+  const int64_t H = s.hidden_size, qd = s.num_attention_heads * s.head_dim,
+                kvd = s.num_key_value_heads * s.head_dim;
+  return 2 * H + H * qd + 2 * H * kvd + qd * H + 2 * s.head_dim + 3 * H * s.intermediate_size;
+}
+
+int64_t drafter_param_count(const Config& c) {
+  const int64_t H = c.drafter.shape.hidden_size;
+  return H * c.num_taps() * H + 2 * H + c.drafter.num_hidden_layers * layer_param_count(c.drafter.shape);
+}
+
+int64_t target_param_count(const Config& c) {
+  const int64_t VH = c.target.vocab_size * c.target.shape.hidden_size;
+  return VH * (c.target.tie_word_embeddings ? 1 : 2) + c.target.shape.hidden_size +
+         c.target.num_hidden_layers * layer_param_count(c.target.shape);
 }
 
 }  // namespace dflash::harness

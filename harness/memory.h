@@ -1,11 +1,17 @@
-// Analytic working sets of the optimized components: the ceilings that the
-// allocator probe (core/alloc_probe.h) must stay under, and (later) the
-// planner's per-component figures. Each returns bytes above what was live on
-// entry (inputs are the caller's), for one forward + backward.
+// The formula library: analytic memory of each part of a drafter step. The
+// memory ceilings (harness/memory_test.cpp, the zoo) and the planner
+// (harness/planner.h) use these same functions, and the calibration test
+// holds them to the allocator probe's measurements (docs/PREFLIGHT.md).
+//
+// Sizes in bytes. e = compute element size (2 bf16, 4 fp32, 8 fp64), a =
+// accumulation size (4, or 8 for fp64). Coefficients were fitted on CPU in
+// float32 and are exact counts where the code makes them so.
 #pragma once
 
 #include <cstdint>
 #include <string>
+
+#include "core/config.h"
 
 namespace dflash::harness {
 
@@ -14,28 +20,51 @@ struct Formula {
   std::string text;  // the formula, for reports
 };
 
-// Fused chunked loss: M weighted rows of Ns student rows, hidden H, vocab V,
-// chunk C (C <= M), element size e (bytes), KL on or off.
-//   forward : gradient Ns*H*e + logits chunks (1 + kl)*C*V*e + row chunks
-//             (2 + kl)*C*H*e + per-row vectors 7*8*M
-//   backward: the saved gradient and the scaled copy, 2*Ns*H*e
+// Fused chunked loss over M weighted rows (Ns student rows), chunk C:
+//   forward  NsHe + (1+kl)CVe + (2+kl)CHe + 56M; backward 2NsHe; the max.
 Formula chunked_loss_bytes(int64_t M, int64_t Ns, int64_t H, int64_t V, int64_t C, bool kl,
                            int64_t e);
+// Plain autograd per chunk (no recomputation): every chunk's logits and, in
+// fp32, (1 + 2kl) copies of them stay alive until backward, plus the current
+// chunk's transients; the peak is the max over chunks i of
+//   V (e + up + 8kl) (rows through chunk i) + 4 V (3 + 2kl) n_i,
+// up = 4 when e < 4 (the fp32 upcast of low-precision logits).
+Formula chunked_no_recompute_loss_bytes(int64_t Q, int64_t V, int64_t C, bool kl, int64_t e);
+// The reference's full logits: (5 + 2kl) fp32 copies of (Q, V), plus the
+// low-precision logits when e < 4.
+Formula unchunked_loss_bytes(int64_t Q, int64_t V, bool kl, int64_t e);
 
-// Block-sparse attention, forward + backward. B, nh, nkv, Q = N*bs, S, hd,
-// key tile T, element size e, accumulation size a (4, or 8 for float64).
-// R = G*Q stacked query rows per kv head at most (G = nh/nkv).
-//   outputs : out + lse, dq + dk + dv (e * (2*B*nh*Q*hd + 2*B*nkv*(S+Q)*hd)) + a*B*nh*Q
-//   per head: stacked rows (3*e + 3*a)*R*hd, dK and dV accumulators
-//             2*a*(S+Q)*hd, two score tiles 3*a*R*T
+// Block-sparse attention, forward + backward, per call. R = (nh/nkv) Q.
+//   e(2 B nh Q hd + 2 B nkv (S+Q) hd) + a B nh Q + (3e+3a) R hd + 2a (S+Q) hd
+//   + 2a R min(T, S+Q)
 Formula sparse_attention_bytes(int64_t B, int64_t nh, int64_t nkv, int64_t Q, int64_t S,
                                int64_t hd, int64_t T, int64_t e, int64_t a);
+// Dense masked attention: the (B, nh, Q, S+Q) fp32 score matrix; per layer
+// autograd keeps about 2.4 copies of it (scores, softmax, masked probs) and,
+// with GQA, K and V repeated to every query head. dense_attention_saved_bytes
+// is what a layer keeps beyond the sparse path's saved tensors.
+Formula dense_scores_one_copy(int64_t B, int64_t nh, int64_t Q, int64_t S);
+Formula dense_attention_saved_bytes(int64_t B, int64_t nh, int64_t nkv, int64_t Q, int64_t S,
+                                    int64_t hd, int64_t e);
 
-// What a checkpointed drafter forward keeps for backward: the input of every
-// layer and the output ((layers + 1) B Q H e), the embeddings and the final
-// norm's saved input (2 B Q H e), the context projection with its norm
-// (4 B S H e) and the RoPE tables of the keys (2 B (S+Q) hd e).
-Formula checkpointed_drafter_bytes(int64_t layers, int64_t B, int64_t Q, int64_t S, int64_t H,
-                                   int64_t hd, int64_t e);
+// Activations one drafter layer keeps for backward without checkpointing:
+//   e(6.5 BQH + 6 BQ nh hd + 4 BQI + 0.5 B(S+Q)H + 5 B(S+Q) nkv hd)
+Formula layer_activation_bytes(int64_t B, int64_t Q, int64_t S, const LayerShape& s, int64_t e);
+// The MLP and post-attention norm's share of a layer's activations,
+// e(4 BQI + 2 BQH): freed by the layer's backward before its attention
+// backward runs, so never alive together with the attention working set.
+Formula mlp_share_bytes(int64_t B, int64_t Q, int64_t H, int64_t I, int64_t e);
+// What a checkpointed drafter forward keeps: every layer's input and the
+// output, the embeddings and the final norm's input ((layers + 3) BQHe), and
+// the keys' RoPE tables (2 B (S+Q) hd e). The context is counted apart.
+Formula checkpointed_saved_bytes(int64_t layers, int64_t B, int64_t Q, int64_t S, int64_t H,
+                                 int64_t hd, int64_t e);
+// The context projection and its RMSNorm, saved for backward: 4 BSHe.
+Formula context_bytes(int64_t B, int64_t S, int64_t H, int64_t e);
+
+// Parameter counts (elements).
+int64_t layer_param_count(const LayerShape& s);
+int64_t drafter_param_count(const Config& c);
+int64_t target_param_count(const Config& c);  // embed + layers + norm + LM head (once if tied)
 
 }  // namespace dflash::harness

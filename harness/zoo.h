@@ -42,6 +42,10 @@ struct KillRow {
   double seconds = 0;
 };
 
+// The loss of the chunk_logits_alive mutant (a chunked loss without
+// recomputation), for the planner's calibration.
+LossFn no_recompute_loss();
+
 // The step of a parity-checked mutant (throws for audit/memory mutants).
 StepFn mutant_step(const std::string& name);
 

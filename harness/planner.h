@@ -1,0 +1,85 @@
+// The memory planner: per-rank peak memory of a run, by component, from the
+// formula library (harness/memory.h) that the calibration test holds to
+// measurement. A rank's peak is the larger of two moments:
+//   forward end  = persistent + saved activations + the loss working set;
+//   backward     = persistent + gradients + what stays saved while the first
+//                  layer's backward runs (checkpointed: the layer inputs plus
+//                  that layer's recomputation; otherwise one layer's
+//                  activations) + the attention's backward working set.
+// OOM when the peak exceeds the rank's capacity minus memory_reserve_gb.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/config.h"
+
+namespace dflash::harness {
+
+enum class LossMode { kFused, kChunkedNoRecompute, kUnchunked };
+
+// Which implementation of each trick a plan assumes.
+struct PlanVariant {
+  std::string name;
+  LossMode loss = LossMode::kFused;
+  bool dense_attention = false;
+  bool checkpoint = false;
+};
+PlanVariant configured_variant(const Config& c);  // from [optimized]
+// The configured plan and the fallbacks SPEC.md warns about.
+std::vector<PlanVariant> standard_variants(const Config& c);
+
+struct PlanItem {
+  // kPersistent: the whole step. kGradients: from backward on. kSaved: from
+  // forward to the end of backward. kLayerSaved: per-layer activations,
+  // released layer by layer in backward (one layer's share remains).
+  // kForwardTransient / kBackwardTransient: working sets of one moment.
+  enum Kind { kPersistent, kGradients, kSaved, kLayerSaved, kForwardTransient, kBackwardTransient };
+  std::string name;
+  double bytes;
+  Kind kind;
+  std::string formula;
+};
+
+struct RankPlan {
+  int64_t rank = 0;
+  std::string role;  // "target", "drafter", or "target+drafter"
+  double capacity = 0, reserve = 0;  // bytes
+  std::vector<PlanItem> items;
+  double peak = 0;
+  std::string largest;  // the largest item
+  double headroom = 0;  // capacity - reserve - peak (negative: OOM)
+  bool fits = false;
+};
+
+struct Plan {
+  PlanVariant variant;
+  std::vector<RankPlan> ranks;
+  bool fits() const;
+  std::string format(bool breakdown) const;
+};
+
+// Items of one drafter step on one device (Q draft positions), the optimizer
+// state included or not. Also used by the calibration test.
+std::vector<PlanItem> drafter_items(const Config& c, const PlanVariant& v, int64_t Q,
+                                    bool with_optimizer);
+// layers: how many layers share the kLayerSaved items (one layer's share
+// remains during the first layer's backward).
+std::vector<PlanItem> target_items(const Config& c);
+double peak_of(const std::vector<PlanItem>& items, int64_t layers = 1,
+               std::string* largest = nullptr);
+
+Plan plan_memory(const Config& c, const PlanVariant& v);
+
+// The single-tensor figures of SPEC.md, at the config's sizes.
+struct Figure {
+  std::string name;
+  double bytes;
+  std::string formula;
+};
+std::vector<Figure> spec_figures(const Config& c);
+
+// Physical memory of this machine (bytes).
+double machine_memory_bytes();
+
+}  // namespace dflash::harness

@@ -1,0 +1,93 @@
+// The planner: hand-computed cases, and the seed configuration's SPEC.md
+// figures and verdicts.
+#include <gtest/gtest.h>
+
+#include "harness/memory.h"
+#include "harness/planner.h"
+
+namespace dflash::harness {
+namespace {
+
+Config seed() {
+  const char* root = std::getenv("DFLASH_SOURCE_DIR");
+  return load_config(std::string(root ? root : ".") + "/fixtures/configs/seed-8gpu.toml");
+}
+
+double figure(const Config& c, const std::string& name) {
+  for (const auto& f : spec_figures(c))
+    if (f.name == name) return f.bytes;
+  ADD_FAILURE() << "no figure " << name;
+  return 0;
+}
+
+TEST(Planner, SeedReproducesSpecFigures) {
+  const Config c = seed();
+  EXPECT_NEAR(figure(c, "one loss chunk of logits") / 1e9, 1.0, 0.05);                 // "about 1 GB"
+  EXPECT_NEAR(figure(c, "unchunked fp32 logits") / 1e9, 32.5, 0.05);                   // 32.5 GB
+  EXPECT_NEAR(figure(c, "dense attention scores (fp32, one copy)") / 1e9, 343.6, 0.05);  // 343.6 GB
+  EXPECT_NEAR(figure(c, "dense attention scores (fp32, one copy)") / (1 << 30), 320.0, 0.05);  // 320 GiB
+  EXPECT_GT(figure(c, "every chunk's logits kept (no recompute)") / 1e9, 16.0);        // "over 16 GB"
+}
+
+TEST(Planner, SeedVerdicts) {
+  const Config c = seed();
+  for (const PlanVariant& v : standard_variants(c)) {
+    const Plan p = plan_memory(c, v);
+    if (v.name == "configured") EXPECT_TRUE(p.fits()) << p.format(true);
+    else EXPECT_FALSE(p.fits()) << v.name << " should be OOM\n" << p.format(true);
+  }
+  // The split: 5 target ranks and 3 drafter ranks, each 95 GB.
+  const Plan p = plan_memory(c, configured_variant(c));
+  ASSERT_EQ(p.ranks.size(), 8u);
+  EXPECT_EQ(p.ranks[0].role, "target");
+  EXPECT_EQ(p.ranks[7].role, "drafter");
+  EXPECT_DOUBLE_EQ(p.ranks[7].capacity, 95e9);
+}
+
+TEST(Planner, ParameterCountsByHand) {
+  // One layer: 2H norms + H*nh*hd (q) + 2*H*nkv*hd (k, v) + nh*hd*H (o) + 2hd + 3HI.
+  const LayerShape s{8, 2, 1, 4, 12, 1e6, 1e-6};
+  EXPECT_EQ(layer_param_count(s), 16 + 64 + 64 + 64 + 8 + 288);
+  Config c;
+  c.target = {"fixture", 10, 3, s, false, 0.02, 0.0};
+  c.drafter.num_hidden_layers = 2;
+  c.drafter.shape = s;
+  c.drafter.target_layer_ids = {0, 2};
+  // fc (H x 2H) + hidden_norm + norm + 2 layers.
+  EXPECT_EQ(drafter_param_count(c), 8 * 16 + 16 + 2 * 504);
+  // embed + lm_head (untied) + 3 layers + final norm.
+  EXPECT_EQ(target_param_count(c), 2 * 80 + 3 * 504 + 8);
+  c.target.tie_word_embeddings = true;
+  EXPECT_EQ(target_param_count(c), 80 + 3 * 504 + 8);
+}
+
+TEST(Planner, PeakIsTheLargerOfForwardEndAndBackward) {
+  using K = PlanItem::Kind;
+  std::vector<PlanItem> items = {{"w", 10, K::kPersistent, ""},   {"g", 4, K::kGradients, ""},
+                                 {"ctx", 2, K::kSaved, ""},       {"layers", 6, K::kLayerSaved, ""},
+                                 {"loss", 7, K::kForwardTransient, ""}, {"attn", 3, K::kBackwardTransient, ""}};
+  std::string largest;
+  // forward end 10 + 2 + 6 + 7 = 25; backward 10 + 4 + 2 + 6/3 + 3 = 21.
+  EXPECT_DOUBLE_EQ(peak_of(items, 3, &largest), 25);
+  EXPECT_EQ(largest, "w");
+  items[4].bytes = 1;  // forward end 19; backward 21
+  EXPECT_DOUBLE_EQ(peak_of(items, 3), 21);
+}
+
+TEST(Planner, OomAgainstCapacityMinusReserve) {
+  Config c = seed();
+  c.topology.device_memory_gb.assign(8, 80.0);   // the drafter ranks need ~70 GB
+  EXPECT_TRUE(plan_memory(c, configured_variant(c)).ranks[7].fits);
+  c.topology.memory_reserve_gb = 12.0;          // 80 - 12 < 70
+  EXPECT_FALSE(plan_memory(c, configured_variant(c)).ranks[7].fits);
+}
+
+TEST(Planner, FusedLossByHand) {
+  // Q = 1024 rows, H = 32, V = 8192, chunk 64, KL on, fp32:
+  // NsHe + 2CVe + 3CHe + 56M = 131072 + 4194304 + 24576 + 57344.
+  EXPECT_DOUBLE_EQ(chunked_loss_bytes(1024, 1024, 32, 8192, 64, true, 4).bytes,
+                   131072.0 + 4194304 + 24576 + 57344);
+}
+
+}  // namespace
+}  // namespace dflash::harness
