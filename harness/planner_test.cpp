@@ -76,10 +76,13 @@ TEST(Planner, PeakIsTheLargerOfForwardEndAndBackward) {
 
 TEST(Planner, OomAgainstCapacityMinusReserve) {
   Config c = seed();
-  c.topology.device_memory_gb.assign(8, 80.0);   // the drafter ranks need ~70 GB
+  const double peak = plan_memory(c, configured_variant(c)).ranks[7].peak / 1e9;  // a drafter rank
+  c.topology.device_memory_gb.assign(8, peak + c.topology.memory_reserve_gb + 0.5);
   EXPECT_TRUE(plan_memory(c, configured_variant(c)).ranks[7].fits);
-  c.topology.memory_reserve_gb = 12.0;          // 80 - 12 < 70
-  EXPECT_FALSE(plan_memory(c, configured_variant(c)).ranks[7].fits);
+  c.topology.memory_reserve_gb += 1.0;  // now capacity - reserve < peak
+  const Plan p = plan_memory(c, configured_variant(c));
+  EXPECT_FALSE(p.ranks[7].fits);
+  EXPECT_NEAR(p.ranks[7].headroom / 1e9, -0.5, 1e-6);
 }
 
 TEST(Planner, FusedLossByHand) {
