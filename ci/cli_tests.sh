@@ -25,7 +25,7 @@ case "$case_name" in
     "$dflash" --help > /dev/null
     "$dflash" bench --help | grep -q -- "--case"
     "$dflash" parity --help | grep -q -- "--reproduce"
-    for sub in step dump validate audit; do
+    for sub in step dump validate audit plan preflight; do
       "$dflash" "$sub" --help | grep -q -- "--config" || { echo "$sub --help lacks --config"; exit 1; }
     done
     ;;
@@ -67,6 +67,34 @@ case "$case_name" in
       echo "the replay against the mutant passed"; exit 1
     fi
     "$dflash" parity --reproduce "$cx" | tail -1 | grep -q "parity: ok"
+    ;;
+  preflight)
+    # Passes on tiny.toml, with a JSON report ...
+    "$dflash" preflight --config "$tiny" --json "$tmp/pf.json" > "$tmp/out.txt"
+    grep -q "preflight: ok" "$tmp/out.txt"
+    grep -q '"passed": true' "$tmp/pf.json"
+    # ... and fails, naming the failing check, on: a predicted OOM ...
+    expect_fail() {  # <check that must fail> <dflash args...>
+      local want=$1; shift
+      if "$dflash" "$@" > "$tmp/f.txt" 2>&1; then echo "preflight passed: $*"; exit 1; fi
+      grep -E "^$want +FAIL" "$tmp/f.txt" || { cat "$tmp/f.txt"; echo "expected $want to fail"; exit 1; }
+    }
+    { cat "$tiny"; printf '\n[topology]\ndevice_memory_gb = 0.001\nmemory_reserve_gb = 0.0\n'; } > "$tmp/small.toml"
+    expect_fail "memory plan" preflight --config "$tmp/small.toml"
+    # ... an optimized component replaced by a zoo mutant (test hook) ...
+    expect_fail "twin parity" preflight --config "$tiny" --mutant shifted_labels
+    expect_fail "twin audit" preflight --config "$tiny" --mutant detached_checkpoint_input
+    expect_fail "memory ceilings" preflight --config "$tiny" --mutant chunk_logits_alive
+    # ... and an invalid key.
+    sed 's/^gamma = 4.0/gama = 4.0/' "$tiny" > "$tmp/typo.toml"
+    expect_fail "config" preflight --config "$tmp/typo.toml"
+    grep -q "loss.gama" "$tmp/f.txt"
+    ;;
+  plan)
+    "$dflash" plan --config fixtures/configs/seed-8gpu.toml --json "$tmp/plan.json" > "$tmp/out.txt"
+    grep -q "verdict: the configured run fits" "$tmp/out.txt"
+    grep -q "343.60 GB" "$tmp/out.txt"
+    grep -q "plan: dense attention fallback -> OOM" "$tmp/out.txt"
     ;;
   *)
     echo "unknown case $case_name"; exit 2 ;;

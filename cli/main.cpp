@@ -11,6 +11,7 @@
 #include "core/step.h"
 #include "harness/parity_run.h"
 #include "harness/plan_run.h"
+#include "harness/preflight.h"
 
 // libtorch's OpenMP threads spin after each parallel region by default and
 // then fight OpenBLAS's own threads for the cores (measured: the optimized
@@ -110,6 +111,16 @@ int main(int argc, char** argv) {
   pl->add_flag("--all-ranks", plan_all, "Break down every rank of every variant");
   pl->add_option("--json", plan_json, "Write the plans as JSON");
 
+  dflash::harness::PreflightOptions pre;
+  auto* pf = app.add_subcommand("preflight", "Before a run: validate, plan memory, check parity, "
+                                             "the audit and memory ceilings on a scaled twin, "
+                                             "and run one real step if this machine can");
+  pf->add_option("--config", pre.config, "Config TOML")->required()->check(CLI::ExistingFile);
+  pf->add_option("--json", pre.json, "Write the report as JSON");
+  pf->add_option("--cases", pre.cases, "Cases per parity property (default 100)");
+  pf->add_option("--seed", pre.seed, "Property seed (default 1)");
+  pf->add_option("--mutant", pre.mutant, "Test hook: replace a component by a bug-zoo mutant");
+
   CLI11_PARSE(app, argc, argv);
   par.zoo = !no_zoo;
   try {
@@ -122,6 +133,10 @@ int main(int argc, char** argv) {
       return dflash::harness::run_parity(par);
     }
     if (*pl) return dflash::harness::run_plan(plan_config, plan_all, plan_json);
+    if (*pf) {
+      dflash::configure_threads(0);
+      return dflash::harness::run_preflight(pre);
+    }
     if (*au) {
       dflash::configure_threads(0);
       return dflash::harness::run_audit(audit_config, audit_build);

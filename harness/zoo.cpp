@@ -346,28 +346,33 @@ const std::vector<Mutant>& zoo() {
   return z;
 }
 
-StepFn mutant_step(const std::string& n) {
+Components mutant_components(const std::string& n) {
   Components parts = optimized::real_components();
-  if (n == "per_rank_normalisation") return per_rank_normalisation;
   if (n == "shifted_labels") parts.layout = shifted_labels;
   else if (n == "decay_off_by_one") parts.layout = decay_off_by_one;
   else if (n == "anchor_visible") parts.attention = anchor_visible;
   else if (n == "keep_false_averages") parts.attention = keep_false_averages;
   else if (n == "grad_output_first_element") parts.attention = grad_output_first_element;
+  else if (n == "dense_scores_fallback") parts.attention = dense_fallback;
   else if (n == "dropped_ragged_chunk") parts.loss = dropped_ragged_chunk;
   else if (n == "loss_upstream_ignored") parts.loss = loss_upstream_ignored;
-  else throw std::invalid_argument("'" + n + "' is not a parity-checked mutant");
-  return with_parts(parts);
+  else if (n == "chunk_logits_alive") parts.loss = chunk_logits_alive;
+  else if (n == "detached_checkpoint_input") parts.checkpoint = detached_checkpoint;
+  else if (n != "per_rank_normalisation" && n != "frozen_embedding_trainable")
+    throw std::invalid_argument("unknown mutant '" + n + "'");
+  return parts;
+}
+
+StepFn mutant_step(const std::string& n) {
+  if (n == "per_rank_normalisation") return per_rank_normalisation;
+  if (n == "frozen_embedding_trainable") return frozen_embedding_trainable;
+  return with_parts(mutant_components(n));
 }
 
 KillRow run_mutant(const Mutant& m, const PropertyRun& run) {
   const std::string& n = m.name;
-  if (n == "detached_checkpoint_input") {
-    Components parts = optimized::real_components();
-    parts.checkpoint = detached_checkpoint;
-    return audit_kill(m, with_parts(parts), 'a');
-  }
-  if (n == "frozen_embedding_trainable") return audit_kill(m, frozen_embedding_trainable, 'b');
+  if (n == "detached_checkpoint_input") return audit_kill(m, mutant_step(n), 'a');
+  if (n == "frozen_embedding_trainable") return audit_kill(m, mutant_step(n), 'b');
   if (n == "dense_scores_fallback") return memory_kill(m, [] { return attention_memory_check(dense_fallback); });
   if (n == "chunk_logits_alive") return memory_kill(m, [] { return loss_memory_check(chunk_logits_alive); });
   return parity_kill(m, mutant_step(n), run);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "harness/properties.h"
+#include "optimized/step.h"
 
 namespace dflash::harness {
 
@@ -46,8 +47,12 @@ struct KillRow {
 // recomputation), for the planner's calibration.
 LossFn no_recompute_loss();
 
-// The step of a parity-checked mutant (throws for audit/memory mutants).
+// Any mutant as a whole step (the preflight test hook), and as the
+// optimized components it replaces (real ones elsewhere; the StepFn-only
+// mutants per_rank_normalisation and frozen_embedding_trainable leave the
+// components real).
 StepFn mutant_step(const std::string& name);
+optimized::Components mutant_components(const std::string& name);
 
 // Runs one mutant under its check (parity: the step property with `run`).
 KillRow run_mutant(const Mutant& m, const PropertyRun& run);
