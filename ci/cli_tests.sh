@@ -50,6 +50,9 @@ case "$case_name" in
     "$dflash" bench --quick --repeats 1 --case attention --case step --json "$tmp/bench.json"
     grep -q '"time_ratio"' "$tmp/bench.json"
     grep -q '"peak_ratio"' "$tmp/bench.json"
+    "$dflash" bench --dist > "$tmp/dist.txt" 2>&1
+    grep -q "busbw" "$tmp/dist.txt"
+    grep -q "waiting for target data" "$tmp/dist.txt"
     ;;
   parity)
     # The suite passes on the real code and prints the kill table ...

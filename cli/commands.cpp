@@ -12,7 +12,9 @@
 #include "fixtures/fixtures.h"
 #include "harness/bench.h"
 #include "harness/step_dump.h"
+#include "optimized/dist.h"
 #include "optimized/step.h"
+#include "optimized/train.h"
 #include "reference/step.h"
 
 namespace dflash::cli {
@@ -135,6 +137,12 @@ int cmd_validate(const ValidateArgs& a) {
 }
 
 int cmd_bench(const BenchArgs& a) {
+  if (a.dist) {
+    // Inside launched ranks run the bench; otherwise launch the config's ranks.
+    if (dist::env_from_process().present) return train::run_dist_bench(a.dist_config);
+    const Config c = load_config(a.dist_config);
+    return cmd_launch({c.topology.world_size, 5.0, {"bench", "--dist", "--config", a.dist_config}});
+  }
   configure_threads(a.threads);
   return harness::run_bench({a.cases, a.quick, a.repeats, a.json});
 }

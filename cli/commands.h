@@ -31,6 +31,8 @@ struct ValidateArgs {
 int cmd_validate(const ValidateArgs& a);
 
 struct BenchArgs {
+  bool dist = false;         // --dist: the target/drafter split's transfers and collectives
+  std::string dist_config = "fixtures/configs/dist-1x2.toml";
   std::vector<std::string> cases;
   bool quick = false;
   int repeats = 2;
@@ -38,5 +40,12 @@ struct BenchArgs {
   int64_t threads = 0;
 };
 int cmd_bench(const BenchArgs& a);
+
+struct LaunchArgs {
+  int64_t nproc = 1;
+  double grace_s = 5.0;  // SIGTERM -> SIGKILL
+  std::vector<std::string> args;
+};
+int cmd_launch(const LaunchArgs& a);
 
 }  // namespace dflash::cli

@@ -12,6 +12,8 @@
 #include "harness/parity_run.h"
 #include "harness/plan_run.h"
 #include "harness/preflight.h"
+#include "optimized/dist.h"
+#include "optimized/train.h"
 
 // libtorch's OpenMP threads spin after each parallel region by default and
 // then fight OpenBLAS's own threads for the cores (measured: the optimized
@@ -78,6 +80,10 @@ int main(int argc, char** argv) {
   b->add_option("--repeats", bench.repeats, "Runs per path; the best time is reported");
   b->add_option("--json", bench.json, "Also write the results as JSON");
   b->add_option("--threads", bench.threads, "Intra-op threads (default: OMP_NUM_THREADS or cores)");
+  b->add_flag("--dist", bench.dist, "Transfer throughput, all-reduce busbw and waiting fraction of "
+                                    "the target/drafter split (launches the config's ranks)");
+  b->add_option("--config", bench.dist_config, "With --dist: the topology to run (default "
+                                               "fixtures/configs/dist-1x2.toml)");
 
   dflash::harness::ParityOptions par;
   auto* p = app.add_subcommand("parity", "Gradient parity properties, the requires_grad audit, "
@@ -121,7 +127,44 @@ int main(int argc, char** argv) {
   pf->add_option("--seed", pre.seed, "Property seed (default 1)");
   pf->add_option("--mutant", pre.mutant, "Test hook: replace a component by a bug-zoo mutant");
 
-  CLI11_PARSE(app, argc, argv);
+  LaunchArgs launch;
+  auto* la = app.add_subcommand("launch", "Run N local ranks (torchrun's environment) of a dflash "
+                                          "subcommand: dflash launch --nproc N -- train --config C");
+  la->add_option("--nproc", launch.nproc, "Number of ranks")->required();
+  la->add_option("--grace", launch.grace_s, "Seconds between SIGTERM and SIGKILL when a rank fails");
+
+  std::string train_config;
+  dflash::train::TrainOptions topt;
+  auto* tr = app.add_subcommand("train", "Train the drafter (one process, or the target/drafter "
+                                         "split when launched with RANK / WORLD_SIZE)");
+  tr->add_option("--config", train_config, "Config TOML")->required()->check(CLI::ExistingFile);
+  tr->add_option("--steps", topt.steps, "Optimizer steps");
+  tr->add_option("--micro-batches", topt.micro_batches,
+                 "Micro-batches per step (default: one per drafter rank)");
+  tr->add_option("--build", topt.build, "reference or optimized")
+      ->check(CLI::IsMember({"reference", "optimized"}));
+  tr->add_option("--lr", topt.optim.lr, "Peak learning rate");
+  tr->add_option("--out-params", topt.out_params, "Write the final drafter parameters");
+  tr->add_flag("--zoo-per-rank-normalisation", topt.per_rank_normalisation,
+               "Bug-zoo hook: normalise the loss per rank (SPEC.md's bug)");
+  tr->add_option("--fault", topt.fault, "Test hook: rank=R,step=T,mode=exit|hang");
+
+  // `launch` hands everything after `--` to the ranks untouched: split argv
+  // there and let CLI11 see only the launcher's own options.
+  std::vector<char*> own(argv, argv + argc);
+  if (argc > 1 && std::string(argv[1]) == "launch") {
+    for (int i = 2; i < argc; ++i)
+      if (std::string(argv[i]) == "--") {
+        launch.args.assign(argv + i + 1, argv + argc);
+        own.resize(size_t(i));
+        break;
+      }
+  }
+  try {
+    app.parse(int(own.size()), own.data());
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
   par.zoo = !no_zoo;
   try {
     if (*s) return cmd_step(step);
@@ -133,6 +176,8 @@ int main(int argc, char** argv) {
       return dflash::harness::run_parity(par);
     }
     if (*pl) return dflash::harness::run_plan(plan_config, plan_all, plan_json);
+    if (*la) return cmd_launch(launch);
+    if (*tr) return dflash::train::run_train(train_config, topt);
     if (*pf) {
       dflash::configure_threads(0);
       return dflash::harness::run_preflight(pre);
@@ -141,6 +186,9 @@ int main(int argc, char** argv) {
       dflash::configure_threads(0);
       return dflash::harness::run_audit(audit_config, audit_build);
     }
+  } catch (const dflash::dist::DistError& e) {
+    std::fprintf(stderr, "dflash: error: %s\n", e.what());
+    return 3;
   } catch (const c10::Error& e) {
     std::fprintf(stderr, "dflash: error: %s\n", e.what_without_backtrace());
     return 2;

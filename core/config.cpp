@@ -288,6 +288,8 @@ Config from_table(const toml::table& root, const std::string& label) {
   c.topology.device = tp.string("device", "cpu");
   c.topology.device_memory_gb = tp.number_list("device_memory_gb");
   c.topology.memory_reserve_gb = tp.number("memory_reserve_gb", 2.0);
+  c.topology.timeout_s = tp.number("timeout_s", 60.0);
+  c.topology.queue_depth = tp.integer("queue_depth", 2);
   if (c.topology.device_memory_gb.size() == 1 && c.topology.world_size > 1)
     c.topology.device_memory_gb.assign(size_t(c.topology.world_size),
                                        c.topology.device_memory_gb[0]);

@@ -172,6 +172,8 @@ void check_topology(const Checker& ck, const Config& c) {
               fmt::format("world_size {} but {} ranks assigned", tp.world_size, all.size()));
   }
   ck.non_negative("topology.memory_reserve_gb", tp.memory_reserve_gb);
+  ck.positive("topology.timeout_s", tp.timeout_s);
+  ck.at_least("topology.queue_depth", tp.queue_depth, 1);
   if (!tp.device_memory_gb.empty()) {
     if (int64_t(tp.device_memory_gb.size()) != tp.world_size)
       ck.fail("topology.device_memory_gb",
@@ -242,6 +244,8 @@ nlohmann::json config_to_json(const Config& c) {
   if (!c.topology.device_memory_gb.empty())
     j["topology"]["device_memory_gb"] = c.topology.device_memory_gb;
   j["topology"]["memory_reserve_gb"] = c.topology.memory_reserve_gb;
+  j["topology"]["timeout_s"] = c.topology.timeout_s;
+  j["topology"]["queue_depth"] = c.topology.queue_depth;
   return j;
 }
 

@@ -1,0 +1,151 @@
+// `dflash launch --nproc N -- <subcommand ...>`: N local ranks with
+// torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
+// MASTER_PORT), their output forwarded line by line with a rank prefix. When
+// one rank fails, the others are stopped (SIGTERM, then SIGKILL after a
+// grace period) and the launcher returns the failing rank's exit code.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "cli/commands.h"
+
+namespace dflash::cli {
+namespace {
+
+int free_port() {
+  const int s = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  socklen_t len = sizeof(a);
+  if (s < 0 || bind(s, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
+      getsockname(s, reinterpret_cast<sockaddr*>(&a), &len) != 0)
+    throw std::runtime_error("launch: cannot find a free TCP port on loopback");
+  const int port = ntohs(a.sin_port);
+  close(s);
+  return port;
+}
+
+struct Child {
+  pid_t pid = -1;
+  int out = -1;  // read end of the child's stdout + stderr
+  std::string pending;
+  bool running = true;
+  int code = 0;
+};
+
+Child spawn(int64_t rank, int64_t n, int port, const std::vector<std::string>& args) {
+  int fds[2];
+  if (pipe(fds) != 0) throw std::runtime_error("launch: pipe failed");
+  Child c;
+  c.pid = fork();
+  if (c.pid < 0) throw std::runtime_error("launch: fork failed");
+  if (c.pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the launcher
+    dup2(fds[1], 1);
+    dup2(fds[1], 2);
+    close(fds[0]);
+    close(fds[1]);
+    setenv("RANK", std::to_string(rank).c_str(), 1);
+    setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
+    setenv("WORLD_SIZE", std::to_string(n).c_str(), 1);
+    setenv("MASTER_ADDR", "127.0.0.1", 0);
+    setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+    if (!std::getenv("OMP_NUM_THREADS")) {  // share the cores instead of oversubscribing them
+      const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+      setenv("OMP_NUM_THREADS", std::to_string(std::max<int64_t>(1, cores / n)).c_str(), 1);
+    }
+    std::vector<char*> argv;
+    std::string self = "dflash";
+    argv.push_back(self.data());
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    execv("/proc/self/exe", argv.data());
+    std::perror("launch: exec");
+    std::_Exit(127);
+  }
+  close(fds[1]);
+  fcntl(fds[0], F_SETFL, O_NONBLOCK);
+  c.out = fds[0];
+  return c;
+}
+
+// Forwards whatever the child has written, one prefixed line at a time.
+void forward(Child& c, int64_t rank, bool flush_all) {
+  char buf[4096];
+  ssize_t n;
+  while (c.out >= 0 && (n = read(c.out, buf, sizeof(buf))) > 0) c.pending.append(buf, size_t(n));
+  size_t nl;
+  while ((nl = c.pending.find('\n')) != std::string::npos) {
+    fmt::print("[rank {}] {}\n", rank, c.pending.substr(0, nl));
+    c.pending.erase(0, nl + 1);
+  }
+  if (flush_all && !c.pending.empty()) fmt::print("[rank {}] {}\n", rank, c.pending), c.pending.clear();
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int cmd_launch(const LaunchArgs& a) {
+  if (a.nproc < 1) throw std::runtime_error("launch: --nproc must be >= 1");
+  if (a.args.empty()) throw std::runtime_error("launch: nothing to run (dflash launch --nproc N -- <subcommand ...>)");
+  const char* p = std::getenv("MASTER_PORT");
+  const int port = p ? std::atoi(p) : free_port();
+  std::vector<Child> kids;
+  for (int64_t r = 0; r < a.nproc; ++r) kids.push_back(spawn(r, a.nproc, port, a.args));
+  int64_t failed_rank = -1;
+  int failed_code = 0;
+  auto deadline = std::chrono::steady_clock::time_point::max();
+  for (;;) {
+    std::vector<pollfd> fds;
+    for (auto& k : kids) fds.push_back({k.out, POLLIN, 0});
+    poll(fds.data(), fds.size(), 100);
+    int running = 0;
+    for (size_t r = 0; r < kids.size(); ++r) {
+      Child& k = kids[r];
+      forward(k, int64_t(r), false);
+      if (!k.running) continue;
+      int status = 0;
+      if (waitpid(k.pid, &status, WNOHANG) == k.pid) {
+        k.running = false;
+        k.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        forward(k, int64_t(r), true);
+        if (k.code != 0 && failed_rank < 0) {
+          failed_rank = int64_t(r), failed_code = k.code;
+          fmt::print("dflash launch: rank {} exited with code {}; stopping the other ranks\n", r, k.code);
+          for (auto& o : kids)
+            if (o.running) kill(o.pid, SIGCONT), kill(o.pid, SIGTERM);
+          deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                                            std::chrono::duration<double>(a.grace_s));
+        }
+      } else {
+        ++running;
+      }
+    }
+    if (running == 0) break;
+    if (std::chrono::steady_clock::now() > deadline)
+      for (auto& o : kids)
+        if (o.running) kill(o.pid, SIGKILL);
+  }
+  for (auto& k : kids) close(k.out);
+  if (failed_rank >= 0) return failed_code;
+  return 0;
+}
+
+}  // namespace dflash::cli

@@ -1,0 +1,224 @@
+#include "optimized/dist.h"
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <cstdlib>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+namespace dflash::dist {
+namespace {
+
+int64_t env_int(const char* name, int64_t fallback) {
+  const char* v = std::getenv(name);
+  if (!v) return fallback;
+  char* end = nullptr;
+  const long long x = std::strtoll(v, &end, 10);
+  if (!end || *end) throw DistError(fmt::format("environment variable {}={} is not an integer", name, v));
+  return x;
+}
+
+int64_t index_of(const std::vector<int64_t>& v, int64_t x) {
+  for (size_t i = 0; i < v.size(); ++i)
+    if (v[i] == x) return int64_t(i);
+  return -1;
+}
+
+std::vector<uint8_t> bytes_of(const std::string& s) { return {s.begin(), s.end()}; }
+std::string string_of(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
+
+}  // namespace
+
+Env env_from_process() {
+  Env e;
+  e.present = std::getenv("RANK") && std::getenv("WORLD_SIZE");
+  e.rank = env_int("RANK", 0);
+  e.world_size = env_int("WORLD_SIZE", 1);
+  e.local_rank = env_int("LOCAL_RANK", e.rank);
+  if (const char* a = std::getenv("MASTER_ADDR")) e.master_addr = a;
+  e.port = int(env_int("MASTER_PORT", 29500));
+  return e;
+}
+
+uint64_t config_hash(const Config& c) {
+  nlohmann::json j = config_to_json(c);
+  j["run"].erase("threads");  // a per-machine setting, not part of the run
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char ch : j.dump()) h = (h ^ ch) * 0x100000001b3ull;
+  return h;
+}
+
+Cluster::Cluster(const Config& c, const Env& env)
+    : cfg_(c), env_(env), timeout_(std::chrono::milliseconds(int64_t(c.topology.timeout_s * 1000))) {
+  const auto& tp = c.topology;
+  if (env.world_size != tp.world_size)
+    throw DistError(fmt::format("{}: topology.world_size is {} but the launcher started {} ranks "
+                                "(WORLD_SIZE)", c.path, tp.world_size, env.world_size));
+  if (env.rank < 0 || env.rank >= env.world_size)
+    throw DistError(fmt::format("RANK={} is outside [0, WORLD_SIZE={})", env.rank, env.world_size));
+  target_index_ = index_of(tp.target_ranks, env.rank);
+  drafter_index_ = index_of(tp.drafter_ranks, env.rank);
+
+  c10d::TCPStoreOptions opts;
+  opts.port = uint16_t(env.port);
+  opts.isServer = env.rank == 0;
+  opts.numWorkers = size_t(env.world_size);
+  opts.timeout = timeout_;
+  try {
+    store_ = c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
+  } catch (const std::exception& e) {
+    throw DistError(fmt::format("rank {}: rendezvous at {}:{} failed within {} s: {}", env.rank,
+                                env.master_addr, env.port, tp.timeout_s, e.what()));
+  }
+  check_config(c);
+  auto options = c10d::ProcessGroupGloo::Options::create(timeout_);
+  options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(env.master_addr));
+  world_ = c10::make_intrusive<c10d::ProcessGroupGloo>(
+      c10::make_intrusive<c10d::PrefixStore>("world", store_), int(env.rank), int(env.world_size),
+      options);
+  if (is_drafter())
+    drafters_ = c10::make_intrusive<c10d::ProcessGroupGloo>(
+        c10::make_intrusive<c10d::PrefixStore>("drafters", store_), int(drafter_index_),
+        int(num_drafters()), options);
+  heartbeat_ = std::thread([this] { heartbeat_loop(); });
+}
+
+Cluster::~Cluster() {
+  try {
+    wait_sends(0, "flushing the last transfers");
+  } catch (...) {
+  }
+  stop_ = true;
+  if (heartbeat_.joinable()) heartbeat_.join();
+}
+
+void Cluster::check_config(const Config& c) {
+  // Every rank publishes its hash; every rank compares all of them.
+  const uint64_t mine = config_hash(c);
+  store_->set(fmt::format("config_hash/{}", env_.rank), bytes_of(std::to_string(mine)));
+  for (int64_t r = 0; r < env_.world_size; ++r) {
+    const std::string key = fmt::format("config_hash/{}", r);
+    try {
+      store_->wait({key}, timeout_);
+    } catch (const std::exception& e) {
+      throw DistError(fmt::format("rank {}: rank {} never published its config within {} s",
+                                  env_.rank, r, cfg_.topology.timeout_s));
+    }
+    const std::string theirs = string_of(store_->get(key));
+    if (theirs != std::to_string(mine))
+      throw DistError(fmt::format("rank {}: the resolved config differs on rank {} (hash {} vs {} "
+                                  "here): every rank must run the same config",
+                                  env_.rank, r, theirs, mine));
+  }
+}
+
+void Cluster::heartbeat_loop() {
+  int64_t beat = 0;
+  while (!stop_) {
+    try {
+      store_->set(fmt::format("alive/{}", env_.rank), bytes_of(std::to_string(++beat)));
+    } catch (...) {
+      return;  // the store is gone (rank 0 ended): nothing left to report to
+    }
+    for (int i = 0; i < 10 && !stop_; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+std::string Cluster::silent_ranks() const {
+  // Two samples of every heartbeat, 1.5 s apart: whoever did not move is silent.
+  try {
+    std::vector<std::string> before;
+    for (int64_t r = 0; r < env_.world_size; ++r)
+      before.push_back(store_->check({fmt::format("alive/{}", r)})
+                           ? string_of(store_->get(fmt::format("alive/{}", r))) : "");
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    std::string silent;
+    for (int64_t r = 0; r < env_.world_size; ++r) {
+      if (r == env_.rank) continue;
+      const std::string key = fmt::format("alive/{}", r);
+      const std::string now = store_->check({key}) ? string_of(store_->get(key)) : "";
+      if (now == before[size_t(r)]) silent += (silent.empty() ? "" : ", ") + std::to_string(r);
+    }
+    return silent.empty() ? "no rank (every heartbeat still moves)" : "rank " + silent;
+  } catch (...) {
+    return "rank 0 (the rendezvous store is gone)";
+  }
+}
+
+void Cluster::fail(const std::string& what, const std::exception& e) const {
+  std::string msg = e.what();
+  if (const auto* ce = dynamic_cast<const c10::Error*>(&e)) msg = ce->what_without_backtrace();
+  if (msg.size() > 300) msg = msg.substr(0, 300) + "...";
+  throw DistError(fmt::format("rank {}: {} failed: {} [timeout {} s; heartbeats: silent: {}]",
+                              env_.rank, what, msg, cfg_.topology.timeout_s, silent_ranks()));
+}
+
+void Cluster::send(std::vector<at::Tensor>& t, int64_t dst, int tag, const std::string& what) {
+  try {
+    world_->send(t, int(dst), tag)->wait(timeout_);
+  } catch (const std::exception& e) {
+    fail(fmt::format("{} (send to rank {})", what, dst), e);
+  }
+}
+
+void Cluster::isend(std::vector<at::Tensor> tensors, int64_t dst, int tag, size_t max_in_flight,
+                    const std::string& what) {
+  wait_sends(max_in_flight > 0 ? max_in_flight - 1 : 0, what);
+  try {
+    in_flight_.push_back({world_->send(tensors, int(dst), tag), tensors, dst});
+  } catch (const std::exception& e) {
+    fail(fmt::format("{} (send to rank {})", what, dst), e);
+  }
+}
+
+void Cluster::wait_sends(size_t max_in_flight, const std::string& what) {
+  while (in_flight_.size() > max_in_flight) {
+    InFlight& f = in_flight_.front();
+    try {
+      f.work->wait(timeout_);
+    } catch (const std::exception& e) {
+      fail(fmt::format("{} (send to rank {})", what, f.dst), e);
+    }
+    in_flight_.erase(in_flight_.begin());
+  }
+}
+
+void Cluster::recv(std::vector<at::Tensor>& t, int64_t src, int tag, const std::string& what) {
+  try {
+    world_->recv(t, int(src), tag)->wait(timeout_);
+  } catch (const std::exception& e) {
+    fail(fmt::format("{} (receive from rank {})", what, src), e);
+  }
+}
+
+void Cluster::allreduce_drafters(std::vector<at::Tensor>& t, const std::string& what) {
+  try {
+    drafters_->allreduce(t)->wait(timeout_);
+  } catch (const std::exception& e) {
+    fail(what + " (all-reduce over the drafter ranks)", e);
+  }
+}
+
+void Cluster::broadcast_drafters(std::vector<at::Tensor>& t, const std::string& what) {
+  try {
+    c10d::BroadcastOptions o;
+    o.rootRank = 0;
+    drafters_->broadcast(t, o)->wait(timeout_);
+  } catch (const std::exception& e) {
+    fail(what + " (broadcast from the first drafter rank)", e);
+  }
+}
+
+void Cluster::barrier_world(const std::string& what) {
+  try {
+    world_->barrier()->wait(timeout_);
+  } catch (const std::exception& e) {
+    fail(what + " (barrier)", e);
+  }
+}
+
+}  // namespace dflash::dist

@@ -1,0 +1,247 @@
+#include "optimized/train.h"
+
+#include <chrono>
+#include <csignal>
+#include <functional>
+#include <cstdio>
+
+#include <fmt/format.h>
+
+#include "core/safetensors.h"
+#include "fixtures/fixtures.h"
+#include "optimized/step.h"
+#include "reference/step.h"
+#include "reference/target.h"
+
+namespace dflash::train {
+namespace {
+
+double now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+StepFn step_fn(const std::string& build) {
+  return build == "reference" ? StepFn(reference::drafter_step) : StepFn(optimized::drafter_step);
+}
+
+void maybe_fault(const std::string& spec, int64_t rank, int64_t step) {
+  if (spec.empty()) return;
+  int64_t r = -1, t = -1;
+  char mode[16] = {0};
+  if (std::sscanf(spec.c_str(), "rank=%ld,step=%ld,mode=%15s", &r, &t, mode) != 3) return;
+  if (r != rank || t != step) return;
+  fmt::print(stderr, "rank {}: injected fault '{}' at step {}\n", rank, mode, step);
+  std::fflush(stderr);
+  if (std::string(mode) == "hang") std::raise(SIGSTOP);
+  std::_Exit(17);
+}
+
+Anchors anchors_of(const Config& c, const at::Tensor& loss_mask, int64_t g) {
+  Rng rng(derive_seed(c.run.seed, "anchors", uint64_t(g)));
+  return sample_anchors(loss_mask, c.data.max_anchors, rng);
+}
+
+void zero_grads(const DrafterWeights& w) {
+  for (auto& [n, t] : named(w)) t.mutable_grad().reset();
+}
+
+// Gradients of the summed numerator, scaled by 1 / (global weight sum).
+void scale_grads(const DrafterWeights& w, double den) {
+  if (den <= 0) return;
+  at::NoGradGuard ng;
+  for (auto& [n, t] : named(w))
+    if (t.grad().defined()) t.mutable_grad().div_(den);
+}
+
+// One micro-batch: forward, and backward of the unnormalised numerator
+// (loss x local weight sum), so that sums over micro-batches and ranks can
+// be divided once by the global weight sum.
+struct MicroResult {
+  double num, den, accept, kept;
+};
+MicroResult micro_step(const StepFn& fn, const Config& c, const DrafterWeights& w,
+                       const FrozenWeights& f, const StepInputs& in, bool per_rank) {
+  const StepOutputs out = fn(c, w, f, in);
+  const double den = out.weight_sum.item<double>();
+  if (per_rank) out.loss.backward();  // the bug: normalised by this rank alone
+  else (out.loss * den).backward();
+  return {out.loss.item<double>() * den, den, double(out.accept_sum.item<int64_t>()),
+          double(out.kept_blocks.item<int64_t>())};
+}
+
+void write_params(const std::string& path, const DrafterWeights& w) {
+  if (path.empty()) return;
+  safetensors::NamedTensors t;
+  for (auto& [n, p] : named(w)) t.emplace_back(n, p.detach());
+  safetensors::write(path, t, {{"format", "dflash-drafter-params-v1"}});
+}
+
+StepLog log_line(int64_t t, double num, double den, const AdamW::Stats& s, double accept,
+                 double kept, double wait, double secs) {
+  const StepLog l{t, den > 0 ? num / den : 0.0, den, s.grad_norm, s.lr,
+                  kept > 0 ? 1.0 + accept / kept : 1.0, wait, secs};
+  fmt::print("step {:>4}  loss {:.8f}  tau {:.3f}  weight {:.3f}  grad_norm {:.4e}  lr {:.3e}  "
+             "wait {:.3f}s / {:.3f}s\n", l.step, l.loss, l.tau, l.weight_sum, l.grad_norm, l.lr,
+             l.wait_seconds, l.step_seconds);
+  std::fflush(stdout);
+  return l;
+}
+
+}  // namespace
+
+std::vector<StepLog> train_single(const Config& c, const TrainOptions& o) {
+  const int64_t D = o.micro_batches > 0 ? o.micro_batches : 1;
+  const TargetWeights target = fixtures::make_target(c);
+  const DrafterWeights w = fixtures::make_drafter(c);
+  AdamW opt(named(w), o.optim);
+  const StepFn fn = step_fn(o.build);
+  std::vector<StepLog> log;
+  for (int64_t t = 0; t < o.steps; ++t) {
+    const double t0 = now();
+    zero_grads(w);
+    double num = 0, den = 0, accept = 0, kept = 0;
+    for (int64_t d = 0; d < D; ++d) {
+      const StepInputs in = fixtures::make_step_inputs(c, target, uint64_t(t * D + d));
+      const MicroResult m = micro_step(fn, c, w, target.frozen(), in, false);
+      num += m.num, den += m.den, accept += m.accept, kept += m.kept;
+    }
+    scale_grads(w, den);
+    const AdamW::Stats s = opt.step();
+    log.push_back(log_line(t, num, den, s, accept, kept, 0.0, now() - t0));
+  }
+  write_params(o.out_params, w);
+  return log;
+}
+
+namespace {
+
+// Target rank: build, run and send every micro-batch assigned to it.
+void run_target_rank(const Config& c, const TrainOptions& o, dist::Cluster& cl, int64_t D) {
+  const TargetWeights target = fixtures::make_target(c);
+  const size_t depth = size_t(c.topology.queue_depth) * 4;  // four tensors per micro-batch
+  for (int64_t g = cl.target_index(); g < o.steps * D; g += cl.num_targets()) {
+    maybe_fault(o.fault, cl.rank(), g / D);
+    const fixtures::Batch b = fixtures::make_batch(c, uint64_t(g));
+    const reference::TargetOutputs tout = reference::target_forward(c, target, b.input_ids);
+    const int64_t dst = cl.drafter_rank(g % D);
+    const std::vector<at::Tensor> parts = {b.input_ids, b.loss_mask.to(at::kByte),
+                                           tout.features.contiguous(),
+                                           tout.final_hidden.contiguous()};
+    for (int i = 0; i < 4; ++i)
+      cl.isend({parts[size_t(i)]}, dst, int(g * 4 + i), depth,
+               fmt::format("micro-batch {} for drafter rank {}", g, dst));
+  }
+  cl.wait_sends(0, "the last micro-batches");
+}
+
+StepInputs receive_micro_batch(const Config& c, dist::Cluster& cl, int64_t g, int64_t src) {
+  const int64_t B = c.data.batch_size, S = c.data.seq_len, H = c.target.shape.hidden_size;
+  const at::ScalarType dt = scalar_type(c.run.dtype);
+  std::vector<at::Tensor> ids{at::empty({B, S}, at::kLong)}, mask{at::empty({B, S}, at::kByte)},
+      feats{at::empty({B, S, c.num_taps() * H}, dt)}, hidden{at::empty({B, S, H}, dt)};
+  const std::string what = fmt::format("micro-batch {} from target rank {}", g, src);
+  cl.recv(ids, src, int(g * 4), what);
+  cl.recv(mask, src, int(g * 4 + 1), what);
+  cl.recv(feats, src, int(g * 4 + 2), what);
+  cl.recv(hidden, src, int(g * 4 + 3), what);
+  StepInputs in{ids[0], mask[0].to(at::kBool), feats[0], hidden[0], {}};
+  in.anchors = anchors_of(c, in.loss_mask, g);
+  return in;
+}
+
+// Runs `collective` on the tensors flattened into buckets of about 25 MB
+// (gloo wants equally shaped tensors per call), copying the results back.
+void bucketed(std::vector<at::Tensor>& tensors,
+              const std::function<void(std::vector<at::Tensor>&)>& collective) {
+  const size_t bucket_bytes = 25u << 20;
+  for (size_t i = 0; i < tensors.size();) {
+    std::vector<at::Tensor> flat;
+    size_t bytes = 0, j = i;
+    for (; j < tensors.size() && (bytes == 0 || bytes + tensors[j].nbytes() <= bucket_bytes); ++j)
+      flat.push_back(tensors[j].reshape(-1)), bytes += tensors[j].nbytes();
+    std::vector<at::Tensor> bucket{at::cat(flat)};
+    collective(bucket);
+    int64_t off = 0;
+    for (size_t k = i; k < j; ++k) {
+      const int64_t n = tensors[k].numel();
+      tensors[k].copy_(bucket[0].narrow(0, off, n).view_as(tensors[k]));
+      off += n;
+    }
+    i = j;
+  }
+}
+
+// Gradients, then the [numerator, weight sum, accepted, kept] sums, summed
+// over the drafter ranks.
+void allreduce_step(dist::Cluster& cl, const DrafterWeights& w, at::Tensor& sums) {
+  std::vector<at::Tensor> grads;
+  for (auto& [n, p] : named(w)) {
+    if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
+    grads.push_back(p.grad());
+  }
+  bucketed(grads, [&](std::vector<at::Tensor>& b) { cl.allreduce_drafters(b, "gradient all-reduce"); });
+  std::vector<at::Tensor> s{sums};
+  cl.allreduce_drafters(s, "loss numerator and weight-sum all-reduce");
+}
+
+}  // namespace
+
+std::vector<StepLog> train_distributed(const Config& c, const TrainOptions& o, dist::Cluster& cl) {
+  const int64_t D = cl.num_drafters();
+  if (o.micro_batches > 0 && o.micro_batches != D)
+    throw dist::DistError(fmt::format("--micro-batches {} but the topology has {} drafter ranks "
+                                      "(one micro-batch per drafter per step)", o.micro_batches, D));
+  std::vector<StepLog> log;
+  if (cl.is_target()) run_target_rank(c, o, cl, D);
+  if (cl.is_drafter()) {
+    const DrafterWeights w = fixtures::make_drafter(c);
+    {
+      at::NoGradGuard ng;
+      std::vector<at::Tensor> params;
+      for (auto& [n, p] : named(w)) params.push_back(p.detach());
+      bucketed(params, [&](std::vector<at::Tensor>& b) { cl.broadcast_drafters(b, "initial parameters"); });
+    }
+    const FrozenWeights frozen = fixtures::make_target(c).frozen();
+    AdamW opt(named(w), o.optim);
+    const StepFn fn = step_fn(o.build);
+    for (int64_t t = 0; t < o.steps; ++t) {
+      maybe_fault(o.fault, cl.rank(), t);
+      const double t0 = now();
+      const int64_t g = t * D + cl.drafter_index();
+      const StepInputs in = receive_micro_batch(c, cl, g, cl.target_rank(g % cl.num_targets()));
+      const double waited = now() - t0;
+      zero_grads(w);
+      const MicroResult m = micro_step(fn, c, w, frozen, in, o.per_rank_normalisation);
+      at::Tensor sums = at::tensor({m.num, m.den, m.accept, m.kept}, at::kDouble);
+      allreduce_step(cl, w, sums);
+      const double num = sums[0].item<double>(), den = sums[1].item<double>();
+      scale_grads(w, o.per_rank_normalisation ? double(D) : den);
+      const AdamW::Stats s = opt.step();
+      if (cl.drafter_index() == 0)
+        log.push_back(log_line(t, num, den, s, sums[2].item<double>(), sums[3].item<double>(),
+                               waited, now() - t0));
+    }
+    if (cl.drafter_index() == 0) write_params(o.out_params, w);
+  }
+  cl.barrier_world("the end of training");
+  return log;
+}
+
+int run_train(const std::string& path, TrainOptions o) {
+  const Config c = load_config(path);
+  configure_threads(c.run.threads);
+  const dist::Env env = dist::env_from_process();
+  if (!env.present || env.world_size == 1) {
+    if (o.micro_batches == 0) o.micro_batches = 1;
+    train_single(c, o);
+    return 0;
+  }
+  Config local = c;
+  if (const char* r = std::getenv("DFLASH_TEST_PERTURB_CONFIG_RANK"))  // test hook
+    if (std::atoll(r) == env.rank) local.loss.gamma += 1.0;
+  dist::Cluster cl(local, env);
+  train_distributed(local, o, cl);
+  return 0;
+}
+
+}  // namespace dflash::train

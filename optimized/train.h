@@ -1,0 +1,51 @@
+// The training loop: micro-batches of fixture data (fixtures/), the target
+// forward, the optimized (or reference) step, gradient accumulation with the
+// loss normalised globally (numerators and weight sums added over every
+// micro-batch and drafter rank before dividing, SPEC.md step 9), clipping by
+// the global norm and AdamW.
+//
+// Micro-batch g = t * D + d is optimizer step t's d-th (D micro-batches per
+// step). In one process the D micro-batches run one after another; in the
+// split, target rank (g mod T) builds it, runs the target and sends it to
+// drafter rank d, and every drafter rank ends the step with the same
+// parameters.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/optim.h"
+#include "core/step.h"
+#include "optimized/dist.h"
+
+namespace dflash::train {
+
+struct TrainOptions {
+  int64_t steps = 1;
+  int64_t micro_batches = 0;  // per optimizer step; 0: one per drafter rank
+  std::string build = "optimized";
+  OptimConfig optim;
+  std::string out_params;     // write the final drafter parameters (safetensors)
+  // Bug-zoo hook: each drafter normalises its loss by its own weight sum and
+  // the ranks' gradients are averaged (SPEC.md's per-rank normalisation bug).
+  bool per_rank_normalisation = false;
+  // Test hook for faults, "rank=R,step=T,mode=exit|hang".
+  std::string fault;
+};
+
+struct StepLog {
+  int64_t step;
+  double loss, weight_sum, grad_norm, lr, tau;
+  double wait_seconds, step_seconds;  // time waiting for target data, whole step
+};
+
+std::vector<StepLog> train_single(const Config& c, const TrainOptions& o);
+std::vector<StepLog> train_distributed(const Config& c, const TrainOptions& o, dist::Cluster& cl);
+
+// `dflash train`: distributed when launched with RANK / WORLD_SIZE > 1.
+int run_train(const std::string& config, TrainOptions o);
+
+// `dflash bench --dist` inside a launched rank (optimized/dist_throughput.cpp).
+int run_dist_bench(const std::string& config);
+
+}  // namespace dflash::train
