@@ -31,7 +31,7 @@ struct ValidateArgs {
 int cmd_validate(const ValidateArgs& a);
 
 struct BenchArgs {
-  bool dist = false;         // --dist: the target/drafter split's transfers and collectives
+  bool dist = false;  // --dist: the target/drafter split's transfers and collectives
   std::string dist_config = "fixtures/configs/dist-1x2.toml";
   std::vector<std::string> cases;
   bool quick = false;

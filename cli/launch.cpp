@@ -5,6 +5,7 @@
 // grace period) and the launcher returns the failing rank's exit code.
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
@@ -19,8 +20,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <fmt/format.h>
 
 #include "cli/commands.h"
 
@@ -96,7 +95,8 @@ void forward(Child& c, int64_t rank, bool flush_all) {
     fmt::print("[rank {}] {}\n", rank, c.pending.substr(0, nl));
     c.pending.erase(0, nl + 1);
   }
-  if (flush_all && !c.pending.empty()) fmt::print("[rank {}] {}\n", rank, c.pending), c.pending.clear();
+  if (flush_all && !c.pending.empty())
+    fmt::print("[rank {}] {}\n", rank, c.pending), c.pending.clear();
   std::fflush(stdout);
 }
 
@@ -104,7 +104,9 @@ void forward(Child& c, int64_t rank, bool flush_all) {
 
 int cmd_launch(const LaunchArgs& a) {
   if (a.nproc < 1) throw std::runtime_error("launch: --nproc must be >= 1");
-  if (a.args.empty()) throw std::runtime_error("launch: nothing to run (dflash launch --nproc N -- <subcommand ...>)");
+  if (a.args.empty())
+    throw std::runtime_error(
+        "launch: nothing to run (dflash launch --nproc N -- <subcommand ...>)");
   const char* p = std::getenv("MASTER_PORT");
   const int port = p ? std::atoi(p) : free_port();
   std::vector<Child> kids;
@@ -128,11 +130,13 @@ int cmd_launch(const LaunchArgs& a) {
         forward(k, int64_t(r), true);
         if (k.code != 0 && failed_rank < 0) {
           failed_rank = int64_t(r), failed_code = k.code;
-          fmt::print("dflash launch: rank {} exited with code {}; stopping the other ranks\n", r, k.code);
+          fmt::print("dflash launch: rank {} exited with code {}; stopping the other ranks\n", r,
+                     k.code);
           for (auto& o : kids)
             if (o.running) kill(o.pid, SIGCONT), kill(o.pid, SIGTERM);
-          deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                                            std::chrono::duration<double>(a.grace_s));
+          deadline = std::chrono::steady_clock::now() +
+                     std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                         std::chrono::duration<double>(a.grace_s));
         }
       } else {
         ++running;

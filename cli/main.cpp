@@ -1,11 +1,15 @@
-// dflash: one binary, CLI11 subcommands.
+// dflash: one binary, CLI11 subcommands. Each subcommand registers its
+// options and the action that runs it; main() dispatches.
 #include <c10/util/Exception.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstdlib>
-#include <unistd.h>
 #include <exception>
+#include <functional>
+#include <memory>
+#include <vector>
 
 #include "cli/commands.h"
 #include "core/step.h"
@@ -14,6 +18,11 @@
 #include "harness/preflight.h"
 #include "optimized/dist.h"
 #include "optimized/train.h"
+
+namespace {
+
+using namespace dflash;
+using namespace dflash::cli;
 
 // libtorch's OpenMP threads spin after each parallel region by default and
 // then fight OpenBLAS's own threads for the cores (measured: the optimized
@@ -26,167 +35,209 @@ void prefer_passive_openmp(char** argv) {
   execv("/proc/self/exe", argv);  // returns only on failure: carry on as we are
 }
 
-int main(int argc, char** argv) {
-  prefer_passive_openmp(argv);
-  using namespace dflash::cli;
-  CLI::App app{
-      "dflash: DFlash drafter training, in a reference and an optimized build, "
-      "with the harness that proves them equal"};
-  app.require_subcommand(1);
+// The subcommands: each add_* registers options bound to state it owns and
+// returns the action to run when that subcommand was chosen.
+struct Subcommands {
+  std::vector<std::pair<CLI::App*, std::function<int()>>> actions;
+  void add(CLI::App* sub, std::function<int()> run) { actions.emplace_back(sub, std::move(run)); }
+};
 
-  StepArgs step;
+void add_step(CLI::App& app, Subcommands& subs) {
+  auto a = std::make_shared<StepArgs>();
   auto* s = app.add_subcommand("step",
-                               "Run one reference step and print loss, ce, kl, tau, "
-                               "per-slot accuracy and the gradient norm");
-  auto* s_cfg = s->add_option("--config", step.config, "Config TOML (fixture target and batch)")
-                    ->check(CLI::ExistingFile);
-  auto* s_from =
-      s->add_option("--from", step.from, "Recompute the step stored in a dump (safetensors)")
-          ->check(CLI::ExistingFile);
-  s_cfg->excludes(s_from);
-  s->add_option("--step", step.step, "Fixture step index (selects batch and anchors)");
-  s->add_option("--threads", step.threads, "Intra-op threads (default: run.threads)");
-  s->add_option("--build", step.build, "Which build computes the step")
+                               "Run one step (reference or optimized build) and print loss, "
+                               "ce, kl, tau, per-slot accuracy and the gradient norm");
+  auto* cfg = s->add_option("--config", a->config, "Config TOML (fixture target and batch)")
+                  ->check(CLI::ExistingFile);
+  auto* from = s->add_option("--from", a->from, "Recompute the step stored in a dump (safetensors)")
+                   ->check(CLI::ExistingFile);
+  cfg->excludes(from);
+  s->add_option("--step", a->step, "Fixture step index (selects batch and anchors)");
+  s->add_option("--threads", a->threads, "Intra-op threads (default: run.threads)");
+  s->add_option("--build", a->build, "Which build computes the step")
       ->check(CLI::IsMember({"reference", "optimized"}));
-  s->add_flag("--check", step.check,
+  s->add_flag("--check", a->check,
               "With --from: exit 1 unless the recorded loss is reproduced bit for bit");
-  s->callback([&] {
-    if (step.config.empty() && step.from.empty()) throw CLI::RequiredError("--config or --from");
+  s->callback([a] {
+    if (a->config.empty() && a->from.empty()) throw CLI::RequiredError("--config or --from");
+  });
+  subs.add(s, [a] { return cmd_step(*a); });
+}
+
+void add_dump_and_validate(CLI::App& app, Subcommands& subs) {
+  auto d = std::make_shared<DumpArgs>();
+  auto* ds = app.add_subcommand("dump",
+                                "Write one reference step (inputs, parameters, outputs, "
+                                "gradients, config) to a safetensors file");
+  ds->add_option("--config", d->config, "Config TOML")->required()->check(CLI::ExistingFile);
+  ds->add_option("--out", d->out, "Output .safetensors path")->required();
+  ds->add_option("--step", d->step, "Fixture step index");
+  ds->add_option("--threads", d->threads, "Intra-op threads (default: run.threads)");
+  subs.add(ds, [d] { return cmd_dump(*d); });
+
+  auto v = std::make_shared<ValidateArgs>();
+  auto* vs = app.add_subcommand(
+      "validate", "Parse and validate a config; optionally print the resolved config");
+  vs->add_option("--config", v->config, "Config TOML")->required()->check(CLI::ExistingFile);
+  vs->add_option("--print", v->print, "Print the resolved config as toml or json")
+      ->check(CLI::IsMember({"toml", "json"}));
+  subs.add(vs, [v] { return cmd_validate(*v); });
+}
+
+void add_bench(CLI::App& app, Subcommands& subs) {
+  auto a = std::make_shared<BenchArgs>();
+  auto* b = app.add_subcommand("bench",
+                               "Reference vs optimized on the same inputs: time ratio, "
+                               "peak-memory ratio, FLOPs and fraction of the GEMM rate");
+  b->add_option("--case", a->cases, "loss, attention, step (default: all)")
+      ->check(CLI::IsMember({"loss", "attention", "step"}));
+  b->add_flag("--quick", a->quick, "CI-sized inputs (seconds instead of minutes)");
+  b->add_option("--repeats", a->repeats, "Runs per path; the best time is reported");
+  b->add_option("--json", a->json, "Also write the results as JSON");
+  b->add_option("--threads", a->threads, "Intra-op threads (default: OMP_NUM_THREADS or cores)");
+  b->add_flag("--dist", a->dist,
+              "Transfer throughput, all-reduce busbw and waiting fraction of "
+              "the target/drafter split (launches the config's ranks)");
+  b->add_option("--config", a->dist_config,
+                "With --dist: the topology to run (default "
+                "fixtures/configs/dist-1x2.toml)");
+  subs.add(b, [a] { return cmd_bench(*a); });
+}
+
+void add_harness(CLI::App& app, Subcommands& subs) {
+  auto p = std::make_shared<harness::ParityOptions>();
+  auto no_zoo = std::make_shared<bool>(false);
+  auto* ps = app.add_subcommand("parity",
+                                "Gradient parity properties, the requires_grad audit, "
+                                "memory ceilings and the bug zoo; exit 1 on any failure");
+  ps->add_option("--cases", p->cases, "Cases per property (default 200)");
+  ps->add_option("--seed", p->seed, "RapidCheck seed (default 1)");
+  ps->add_option("--config", p->config, "Also audit this config (built at its own size)")
+      ->check(CLI::ExistingFile);
+  ps->add_option("--reproduce", p->reproduce, "Replay one counterexample TOML")
+      ->check(CLI::ExistingFile);
+  ps->add_option("--json", p->json, "Write the report as JSON");
+  ps->add_option("--junit", p->junit, "Write the report as JUnit XML");
+  ps->add_option("--out-dir", p->out_dir, "Where failing counterexamples are written");
+  ps->add_option("--mutant", p->mutant,
+                 "Check a zoo mutant instead (shows a failure; with "
+                 "--reproduce, replays against it)");
+  ps->add_flag("--no-zoo", *no_zoo, "Skip the bug zoo");
+  subs.add(ps, [p, no_zoo] {
+    configure_threads(0);
+    p->zoo = !*no_zoo;
+    return harness::run_parity(*p);
   });
 
-  DumpArgs dump;
-  auto* d = app.add_subcommand("dump",
-                               "Write one reference step (inputs, parameters, outputs, "
-                               "gradients, config) to a safetensors file");
-  d->add_option("--config", dump.config, "Config TOML")->required()->check(CLI::ExistingFile);
-  d->add_option("--out", dump.out, "Output .safetensors path")->required();
-  d->add_option("--step", dump.step, "Fixture step index");
-  d->add_option("--threads", dump.threads, "Intra-op threads (default: run.threads)");
-
-  ValidateArgs val;
-  auto* v = app.add_subcommand("validate",
-                               "Parse and validate a config; optionally print "
-                               "the resolved config");
-  v->add_option("--config", val.config, "Config TOML")->required()->check(CLI::ExistingFile);
-  v->add_option("--print", val.print, "Print the resolved config as toml or json")
-      ->check(CLI::IsMember({"toml", "json"}));
-
-  BenchArgs bench;
-  auto* b = app.add_subcommand("bench", "Reference vs optimized on the same inputs: time ratio, "
-                                        "peak-memory ratio, FLOPs and fraction of the GEMM rate");
-  b->add_option("--case", bench.cases, "loss, attention, step (default: all)")
-      ->check(CLI::IsMember({"loss", "attention", "step"}));
-  b->add_flag("--quick", bench.quick, "CI-sized inputs (seconds instead of minutes)");
-  b->add_option("--repeats", bench.repeats, "Runs per path; the best time is reported");
-  b->add_option("--json", bench.json, "Also write the results as JSON");
-  b->add_option("--threads", bench.threads, "Intra-op threads (default: OMP_NUM_THREADS or cores)");
-  b->add_flag("--dist", bench.dist, "Transfer throughput, all-reduce busbw and waiting fraction of "
-                                    "the target/drafter split (launches the config's ranks)");
-  b->add_option("--config", bench.dist_config, "With --dist: the topology to run (default "
-                                               "fixtures/configs/dist-1x2.toml)");
-
-  dflash::harness::ParityOptions par;
-  auto* p = app.add_subcommand("parity", "Gradient parity properties, the requires_grad audit, "
-                                         "memory ceilings and the bug zoo; exit 1 on any failure");
-  p->add_option("--cases", par.cases, "Cases per property (default 200)");
-  p->add_option("--seed", par.seed, "RapidCheck seed (default 1)");
-  p->add_option("--config", par.config, "Also audit this config (built at its own size)")
-      ->check(CLI::ExistingFile);
-  p->add_option("--reproduce", par.reproduce, "Replay one counterexample TOML")
-      ->check(CLI::ExistingFile);
-  p->add_option("--json", par.json, "Write the report as JSON");
-  p->add_option("--junit", par.junit, "Write the report as JUnit XML");
-  p->add_option("--out-dir", par.out_dir, "Where failing counterexamples are written");
-  p->add_option("--mutant", par.mutant,
-                "Check a parity-checked zoo mutant instead (shows a failure; with --reproduce, "
-                "replays against it)");
-  bool no_zoo = false;
-  p->add_flag("--no-zoo", no_zoo, "Skip the bug zoo");
-
-  std::string audit_config, audit_build = "optimized";
-  auto* au = app.add_subcommand("audit", "The requires_grad / frozen-weight audit of one step");
-  au->add_option("--config", audit_config, "Config TOML")->required()->check(CLI::ExistingFile);
-  au->add_option("--build", audit_build, "reference or optimized")
+  auto au = std::make_shared<std::pair<std::string, std::string>>("", "optimized");
+  auto* as = app.add_subcommand("audit", "The requires_grad / frozen-weight audit of one step");
+  as->add_option("--config", au->first, "Config TOML")->required()->check(CLI::ExistingFile);
+  as->add_option("--build", au->second, "reference or optimized")
       ->check(CLI::IsMember({"reference", "optimized"}));
+  subs.add(as, [au] {
+    configure_threads(0);
+    return harness::run_audit(au->first, au->second);
+  });
+}
 
-  std::string plan_config, plan_json;
-  bool plan_all = false;
-  auto* pl = app.add_subcommand("plan", "Predict peak memory per rank, by component, and say OOM "
-                                        "or fit for the config and its fallbacks");
-  pl->add_option("--config", plan_config, "Config TOML")->required()->check(CLI::ExistingFile);
-  pl->add_flag("--all-ranks", plan_all, "Break down every rank of every variant");
-  pl->add_option("--json", plan_json, "Write the plans as JSON");
+void add_plan_and_preflight(CLI::App& app, Subcommands& subs) {
+  struct PlanArgs {
+    std::string config, json;
+    bool all = false;
+  };
+  auto pa = std::make_shared<PlanArgs>();
+  auto* pl = app.add_subcommand("plan",
+                                "Predict peak memory per rank, by component, and say OOM "
+                                "or fit for the config and its fallbacks");
+  pl->add_option("--config", pa->config, "Config TOML")->required()->check(CLI::ExistingFile);
+  pl->add_flag("--all-ranks", pa->all, "Break down every rank of every variant");
+  pl->add_option("--json", pa->json, "Write the plans as JSON");
+  subs.add(pl, [pa] { return harness::run_plan(pa->config, pa->all, pa->json); });
 
-  dflash::harness::PreflightOptions pre;
-  auto* pf = app.add_subcommand("preflight", "Before a run: validate, plan memory, check parity, "
-                                             "the audit and memory ceilings on a scaled twin, "
-                                             "and run one real step if this machine can");
-  pf->add_option("--config", pre.config, "Config TOML")->required()->check(CLI::ExistingFile);
-  pf->add_option("--json", pre.json, "Write the report as JSON");
-  pf->add_option("--cases", pre.cases, "Cases per parity property (default 100)");
-  pf->add_option("--seed", pre.seed, "Property seed (default 1)");
-  pf->add_option("--mutant", pre.mutant, "Test hook: replace a component by a bug-zoo mutant");
+  auto pre = std::make_shared<harness::PreflightOptions>();
+  auto* pf = app.add_subcommand("preflight",
+                                "Before a run: validate, plan memory, check parity, the "
+                                "audit and memory ceilings on a scaled twin, and run one "
+                                "real step if this machine can");
+  pf->add_option("--config", pre->config, "Config TOML")->required()->check(CLI::ExistingFile);
+  pf->add_option("--json", pre->json, "Write the report as JSON");
+  pf->add_option("--cases", pre->cases, "Cases per parity property (default 100)");
+  pf->add_option("--seed", pre->seed, "Property seed (default 1)");
+  pf->add_option("--mutant", pre->mutant, "Test hook: replace a component by a bug-zoo mutant");
+  subs.add(pf, [pre] {
+    configure_threads(0);
+    return harness::run_preflight(*pre);
+  });
+}
 
-  LaunchArgs launch;
-  auto* la = app.add_subcommand("launch", "Run N local ranks (torchrun's environment) of a dflash "
-                                          "subcommand: dflash launch --nproc N -- train --config C");
+void add_train_and_launch(CLI::App& app, Subcommands& subs, LaunchArgs& launch) {
+  auto* la = app.add_subcommand("launch",
+                                "Run N local ranks (torchrun's environment) of a dflash "
+                                "subcommand: dflash launch --nproc N -- train --config C");
   la->add_option("--nproc", launch.nproc, "Number of ranks")->required();
-  la->add_option("--grace", launch.grace_s, "Seconds between SIGTERM and SIGKILL when a rank fails");
+  la->add_option("--grace", launch.grace_s,
+                 "Seconds between SIGTERM and SIGKILL when a rank fails");
+  subs.add(la, [&launch] { return cmd_launch(launch); });
 
-  std::string train_config;
-  dflash::train::TrainOptions topt;
-  auto* tr = app.add_subcommand("train", "Train the drafter (one process, or the target/drafter "
-                                         "split when launched with RANK / WORLD_SIZE)");
-  tr->add_option("--config", train_config, "Config TOML")->required()->check(CLI::ExistingFile);
-  tr->add_option("--steps", topt.steps, "Optimizer steps");
-  tr->add_option("--micro-batches", topt.micro_batches,
+  auto o = std::make_shared<train::TrainOptions>();
+  auto cfg = std::make_shared<std::string>();
+  auto* tr = app.add_subcommand("train",
+                                "Train the drafter (one process, or the target/drafter "
+                                "split when launched with RANK / WORLD_SIZE)");
+  tr->add_option("--config", *cfg, "Config TOML")->required()->check(CLI::ExistingFile);
+  tr->add_option("--steps", o->steps, "Optimizer steps");
+  tr->add_option("--micro-batches", o->micro_batches,
                  "Micro-batches per step (default: one per drafter rank)");
-  tr->add_option("--build", topt.build, "reference or optimized")
+  tr->add_option("--build", o->build, "reference or optimized")
       ->check(CLI::IsMember({"reference", "optimized"}));
-  tr->add_option("--lr", topt.optim.lr, "Peak learning rate");
-  tr->add_option("--out-params", topt.out_params, "Write the final drafter parameters");
-  tr->add_flag("--zoo-per-rank-normalisation", topt.per_rank_normalisation,
+  tr->add_option("--lr", o->optim.lr, "Peak learning rate");
+  tr->add_option("--out-params", o->out_params, "Write the final drafter parameters");
+  tr->add_flag("--zoo-per-rank-normalisation", o->per_rank_normalisation,
                "Bug-zoo hook: normalise the loss per rank (SPEC.md's bug)");
-  tr->add_option("--fault", topt.fault, "Test hook: rank=R,step=T,mode=exit|hang");
+  tr->add_option("--fault", o->fault, "Test hook: rank=R,step=T,mode=exit|hang");
+  subs.add(tr, [o, cfg] { return train::run_train(*cfg, *o); });
+}
 
-  // `launch` hands everything after `--` to the ranks untouched: split argv
-  // there and let CLI11 see only the launcher's own options.
+// `launch` hands everything after `--` to the ranks untouched: split argv
+// there and let CLI11 see only the launcher's own options.
+std::vector<char*> own_arguments(int argc, char** argv, LaunchArgs& launch) {
   std::vector<char*> own(argv, argv + argc);
-  if (argc > 1 && std::string(argv[1]) == "launch") {
+  if (argc > 1 && std::string(argv[1]) == "launch")
     for (int i = 2; i < argc; ++i)
       if (std::string(argv[i]) == "--") {
         launch.args.assign(argv + i + 1, argv + argc);
         own.resize(size_t(i));
         break;
       }
-  }
+  return own;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  prefer_passive_openmp(argv);
+  CLI::App app{
+      "dflash: DFlash drafter training, in a reference and an optimized build, "
+      "with the harness that proves them equal"};
+  app.require_subcommand(1);
+  Subcommands subs;
+  LaunchArgs launch;
+  add_step(app, subs);
+  add_dump_and_validate(app, subs);
+  add_bench(app, subs);
+  add_harness(app, subs);
+  add_plan_and_preflight(app, subs);
+  add_train_and_launch(app, subs, launch);
+  std::vector<char*> own = own_arguments(argc, argv, launch);
   try {
     app.parse(int(own.size()), own.data());
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
-  par.zoo = !no_zoo;
   try {
-    if (*s) return cmd_step(step);
-    if (*d) return cmd_dump(dump);
-    if (*v) return cmd_validate(val);
-    if (*b) return cmd_bench(bench);
-    if (*p) {
-      dflash::configure_threads(0);
-      return dflash::harness::run_parity(par);
-    }
-    if (*pl) return dflash::harness::run_plan(plan_config, plan_all, plan_json);
-    if (*la) return cmd_launch(launch);
-    if (*tr) return dflash::train::run_train(train_config, topt);
-    if (*pf) {
-      dflash::configure_threads(0);
-      return dflash::harness::run_preflight(pre);
-    }
-    if (*au) {
-      dflash::configure_threads(0);
-      return dflash::harness::run_audit(audit_config, audit_build);
-    }
-  } catch (const dflash::dist::DistError& e) {
+    for (auto& [sub, run] : subs.actions)
+      if (*sub) return run();
+  } catch (const dist::DistError& e) {
     std::fprintf(stderr, "dflash: error: %s\n", e.what());
     return 3;
   } catch (const c10::Error& e) {

@@ -13,21 +13,25 @@ namespace {
 
 std::atomic<int64_t> g_live{0};
 std::atomic<int64_t> g_peak{0};
-std::atomic<bool> g_installed{false};
 
-void add(int64_t n) {
-  const int64_t now = g_live.fetch_add(n) + n;
+void raise_peak(int64_t v) {
   int64_t p = g_peak.load();
-  while (now > p && !g_peak.compare_exchange_weak(p, now)) {
+  while (v > p && !g_peak.compare_exchange_weak(p, v)) {
   }
 }
+
+void add(int64_t n) { raise_peak(g_live.fetch_add(n) + n); }
 
 // Sizes of the live allocations, by data pointer. The DataPtr keeps its
 // context equal to the data pointer (c10's raw_allocate asserts that), so
 // the size lives here instead of in the context.
-std::mutex g_sizes_mutex;
+std::mutex& sizes_mutex() {
+  static auto* m = new std::mutex();  // never destroyed, like the map it guards
+  return *m;
+}
 std::unordered_map<void*, int64_t>& sizes() {
-  static auto* m = new std::unordered_map<void*, int64_t>();  // never destroyed: frees may come late
+  static auto* m =
+      new std::unordered_map<void*, int64_t>();  // never destroyed: frees may come late
   return *m;
 }
 c10::DeleterFnPtr g_base_deleter = nullptr;
@@ -35,7 +39,7 @@ c10::DeleterFnPtr g_base_deleter = nullptr;
 void counted_delete(void* p) {
   int64_t n = 0;
   {
-    std::lock_guard<std::mutex> lock(g_sizes_mutex);
+    std::lock_guard<std::mutex> lock(sizes_mutex());
     auto it = sizes().find(p);
     if (it != sizes().end()) n = it->second, sizes().erase(it);
   }
@@ -65,7 +69,7 @@ class CountingAllocator final : public c10::Allocator {
   c10::DataPtr wrap(size_t n) const {
     void* p = base_->raw_allocate(n);
     {
-      std::lock_guard<std::mutex> lock(g_sizes_mutex);
+      std::lock_guard<std::mutex> lock(sizes_mutex());
       sizes()[p] = int64_t(n);
     }
     add(int64_t(n));
@@ -81,11 +85,9 @@ void AllocProbe::install() {
   std::call_once(once, [] {
     static CountingAllocator counting(c10::GetCPUAllocator());
     c10::SetCPUAllocator(&counting, /*priority=*/100);
-    g_installed = true;
   });
 }
 
-bool AllocProbe::installed() { return g_installed; }
 int64_t AllocProbe::live_bytes() { return g_live.load(); }
 
 AllocProbe::Scope::Scope() : start_(g_live.load()), saved_peak_(g_peak.load()) {
@@ -94,8 +96,7 @@ AllocProbe::Scope::Scope() : start_(g_live.load()), saved_peak_(g_peak.load()) {
 
 AllocProbe::Scope::~Scope() {
   // The enclosing scope sees the max of its own and this scope's peak.
-  int64_t inner = g_peak.load();
-  g_peak.store(std::max(inner, saved_peak_));
+  raise_peak(saved_peak_);
 }
 
 int64_t AllocProbe::Scope::peak_bytes() const { return g_peak.load(); }

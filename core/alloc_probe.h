@@ -13,7 +13,6 @@ class AllocProbe {
   // Wraps the current CPU allocator (idempotent). Tensors allocated before
   // the call are not counted while live, and their frees are ignored.
   static void install();
-  static bool installed();
   static int64_t live_bytes();
 
   // High-water mark of live bytes while the scope is open (nesting-safe).

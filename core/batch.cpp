@@ -88,12 +88,12 @@ Anchors sample_anchors(const at::Tensor& loss_mask, int64_t max_anchors, Rng& rn
 
 SlotMetrics slot_metrics(const at::Tensor& hit, const DraftLayout& l, const Anchors& a) {
   const int64_t B = hit.size(0), N = a.num_anchors(), bs = l.block_size;
-  const at::Tensor h = (hit & l.counted).view({B, N, bs});                        // (B, N, bs)
+  const at::Tensor h = (hit & l.counted).view({B, N, bs});  // (B, N, bs)
   SlotMetrics m;
-  m.correct = h.sum(at::IntArrayRef{0, 1}).to(at::kLong);                         // (bs)
+  m.correct = h.sum(at::IntArrayRef{0, 1}).to(at::kLong);                           // (bs)
   m.counted = l.counted.view({B, N, bs}).sum(at::IntArrayRef{0, 1}).to(at::kLong);  // (bs)
   // Accepted length of a block: slots 1, 2, ... while counted and correct.
-  const at::Tensor run = h.narrow(2, 1, bs - 1).to(at::kLong).cumprod(2);         // (B, N, bs-1)
+  const at::Tensor run = h.narrow(2, 1, bs - 1).to(at::kLong).cumprod(2);  // (B, N, bs-1)
   m.accept_sum = (run.sum(2) * a.keep).sum().to(at::kLong);
   m.kept_blocks = a.keep.sum().to(at::kLong);
   return m;

@@ -210,7 +210,7 @@ DType parse_dtype(const std::string& s, const std::string& label) {
       "{}: run.dtype: expected \"float32\", \"float64\" or \"bfloat16\", found \"{}\"", label, s));
 }
 
-Config from_table(const toml::table& root, const std::string& label) {
+void check_sections(const toml::table& root, const std::string& label) {
   static const std::set<std::string> kSections = {"target", "drafter",   "data",    "loss",
                                                   "run",    "optimized", "topology"};
   for (auto&& [k, v] : root) {
@@ -218,83 +218,94 @@ Config from_table(const toml::table& root, const std::string& label) {
     if (!kSections.count(key))
       throw ConfigError(
           fmt::format("{}: {}: expected one of the sections [target], [drafter], [data], [loss], "
-                      "[run], [topology], found unknown key",
+                      "[run], [optimized], [topology], found unknown key",
                       label, key));
   }
-  Config c;
-  c.path = label;
+}
 
-  Section t(section_table(root, label, "target", true), label, "target");
-  c.target.source = t.string("source", "fixture");
-  c.target.vocab_size = t.integer("vocab_size", std::nullopt);
-  c.target.num_hidden_layers = t.integer("num_hidden_layers", std::nullopt);
-  c.target.shape = read_shape(t, nullptr);
-  c.target.tie_word_embeddings = t.boolean("tie_word_embeddings", false);
-  c.target.init_std = t.number("init_std", 0.02);
-  c.target.norm_init_jitter = t.number("norm_init_jitter", 0.0);
+void read_target(Section t, TargetConfig& c) {
+  c.source = t.string("source", "fixture");
+  c.vocab_size = t.integer("vocab_size", std::nullopt);
+  c.num_hidden_layers = t.integer("num_hidden_layers", std::nullopt);
+  c.shape = read_shape(t, nullptr);
+  c.tie_word_embeddings = t.boolean("tie_word_embeddings", false);
+  c.init_std = t.number("init_std", 0.02);
+  c.norm_init_jitter = t.number("norm_init_jitter", 0.0);
   t.reject_unknown();
+}
 
-  // Drafter layers default to the target's shape ("shaped like the target's").
-  Section d(section_table(root, label, "drafter", true), label, "drafter");
-  c.drafter.num_hidden_layers = d.integer("num_hidden_layers", std::nullopt);
-  c.drafter.shape = read_shape(d, &c.target.shape);
-  c.drafter.target_layer_ids = d.int_list("target_layer_ids", {});
-  if (!d.has("target_layer_ids") && c.drafter.num_hidden_layers >= 1)
-    c.drafter.target_layer_ids =
-        default_target_layer_ids(c.target.num_hidden_layers, c.drafter.num_hidden_layers);
-  c.drafter.init_std = d.number("init_std", 0.02);
-  c.drafter.norm_init_jitter = d.number("norm_init_jitter", 0.0);
+// Drafter layers default to the target's shape ("shaped like the target's").
+void read_drafter(Section d, const TargetConfig& target, DrafterConfig& c) {
+  c.num_hidden_layers = d.integer("num_hidden_layers", std::nullopt);
+  c.shape = read_shape(d, &target.shape);
+  c.target_layer_ids = d.int_list("target_layer_ids", {});
+  if (!d.has("target_layer_ids") && c.num_hidden_layers >= 1)
+    c.target_layer_ids = default_target_layer_ids(target.num_hidden_layers, c.num_hidden_layers);
+  c.init_std = d.number("init_std", 0.02);
+  c.norm_init_jitter = d.number("norm_init_jitter", 0.0);
   d.reject_unknown();
+}
 
-  Section da(section_table(root, label, "data", true), label, "data");
-  c.data.source = da.string("source", "fixture");
-  c.data.batch_size = da.integer("batch_size", std::nullopt);
-  c.data.seq_len = da.integer("seq_len", std::nullopt);
-  c.data.block_size = da.integer("block_size", std::nullopt);
-  c.data.max_anchors = da.integer("max_anchors", std::nullopt);
-  c.data.mask_token_id = da.integer("mask_token_id", std::nullopt);
-  c.data.input_ids = da.int_matrix("input_ids");
-  c.data.loss_mask = da.int_matrix("loss_mask");
+void read_data(Section da, DataConfig& c) {
+  c.source = da.string("source", "fixture");
+  c.batch_size = da.integer("batch_size", std::nullopt);
+  c.seq_len = da.integer("seq_len", std::nullopt);
+  c.block_size = da.integer("block_size", std::nullopt);
+  c.max_anchors = da.integer("max_anchors", std::nullopt);
+  c.mask_token_id = da.integer("mask_token_id", std::nullopt);
+  c.input_ids = da.int_matrix("input_ids");
+  c.loss_mask = da.int_matrix("loss_mask");
   da.reject_unknown();
+}
 
-  Section l(section_table(root, label, "loss", false), label, "loss");
+void read_loss_run_optimized(Section l, Section r, Section o, Config& c, const std::string& label) {
   c.loss.ce_weight = l.number("ce_weight", 1.0);
   c.loss.kl_weight = l.number("kl_weight", 0.0);
   c.loss.temperature = l.number("temperature", 1.0);
   c.loss.gamma = l.number("gamma", 0.0);
   c.loss.chunk_size = l.integer("chunk_size", 0);
   l.reject_unknown();
-
-  Section r(section_table(root, label, "run", false), label, "run");
-  int64_t seed = r.integer("seed", 0);
+  const int64_t seed = r.integer("seed", 0);
   if (seed < 0)
     throw ConfigError(fmt::format("{}: run.seed: expected an integer >= 0, found {}", label, seed));
   c.run.seed = uint64_t(seed);
   c.run.dtype = parse_dtype(r.string("dtype", "float32"), label);
   c.run.threads = r.integer("threads", 0);
   r.reject_unknown();
-
-  Section o(section_table(root, label, "optimized", false), label, "optimized");
   c.optimized.chunked_loss = o.boolean("chunked_loss", true);
   c.optimized.sparse_attention = o.boolean("sparse_attention", true);
   c.optimized.checkpoint_layers = o.boolean("checkpoint_layers", false);
   c.optimized.attention_tile = o.integer("attention_tile", 256);
   o.reject_unknown();
+}
 
-  Section tp(section_table(root, label, "topology", false), label, "topology");
-  c.topology.world_size = tp.integer("world_size", 1);
-  c.topology.target_ranks = tp.int_list("target_ranks", {0});
-  c.topology.drafter_ranks = tp.int_list("drafter_ranks", {0});
-  c.topology.device = tp.string("device", "cpu");
-  c.topology.device_memory_gb = tp.number_list("device_memory_gb");
-  c.topology.memory_reserve_gb = tp.number("memory_reserve_gb", 2.0);
-  c.topology.timeout_s = tp.number("timeout_s", 60.0);
-  c.topology.queue_depth = tp.integer("queue_depth", 2);
-  if (c.topology.device_memory_gb.size() == 1 && c.topology.world_size > 1)
-    c.topology.device_memory_gb.assign(size_t(c.topology.world_size),
-                                       c.topology.device_memory_gb[0]);
+void read_topology(Section tp, TopologyConfig& c) {
+  c.world_size = tp.integer("world_size", 1);
+  c.target_ranks = tp.int_list("target_ranks", {0});
+  c.drafter_ranks = tp.int_list("drafter_ranks", {0});
+  c.device = tp.string("device", "cpu");
+  c.device_memory_gb = tp.number_list("device_memory_gb");
+  if (c.device_memory_gb.size() == 1 && c.world_size > 1)
+    c.device_memory_gb.assign(size_t(c.world_size), c.device_memory_gb[0]);
+  c.memory_reserve_gb = tp.number("memory_reserve_gb", 2.0);
+  c.timeout_s = tp.number("timeout_s", 60.0);
+  c.queue_depth = tp.integer("queue_depth", 2);
   tp.reject_unknown();
+}
 
+Config from_table(const toml::table& root, const std::string& label) {
+  check_sections(root, label);
+  auto section = [&](const char* name, bool required) {
+    return Section(section_table(root, label, name, required), label, name);
+  };
+  Config c;
+  c.path = label;
+  read_target(section("target", true), c.target);
+  read_drafter(section("drafter", true), c.target, c.drafter);
+  read_data(section("data", true), c.data);
+  read_loss_run_optimized(section("loss", false), section("run", false),
+                          section("optimized", false), c, label);
+  read_topology(section("topology", false), c.topology);
   validate_config(c);
   return c;
 }

@@ -49,13 +49,13 @@ struct DrafterConfig {
 };
 
 struct DataConfig {
-  std::string source = "fixture";  // "fixture": seeded prompt/response rows;
-                                   // "inline": the rows below (the same every step)
-  int64_t batch_size = 0;          // B
-  int64_t seq_len = 0;             // S
-  int64_t block_size = 0;          // bs >= 2
-  int64_t max_anchors = 0;         // upper bound on N
-  int64_t mask_token_id = 0;       // < vocab_size
+  std::string source = "fixture";               // "fixture": seeded prompt/response rows;
+                                                // "inline": the rows below (the same every step)
+  int64_t batch_size = 0;                       // B
+  int64_t seq_len = 0;                          // S
+  int64_t block_size = 0;                       // bs >= 2
+  int64_t max_anchors = 0;                      // upper bound on N
+  int64_t mask_token_id = 0;                    // < vocab_size
   std::vector<std::vector<int64_t>> input_ids;  // inline only: (B, S) token ids
   std::vector<std::vector<int64_t>> loss_mask;  // inline only: (B, S) 0 or 1
 };
@@ -77,10 +77,10 @@ struct RunConfig {
 // Which tricks the optimized step uses; each can be turned off to debug
 // (the reference step ignores this section).
 struct OptimizedConfig {
-  bool chunked_loss = true;       // fused chunked LM-head loss (chunk = loss.chunk_size)
-  bool sparse_attention = true;   // tiled block-sparse attention, else dense
-  bool checkpoint_layers = false; // recompute each drafter layer in backward
-  int64_t attention_tile = 256;   // key tile of the sparse attention
+  bool chunked_loss = true;        // fused chunked LM-head loss (chunk = loss.chunk_size)
+  bool sparse_attention = true;    // tiled block-sparse attention, else dense
+  bool checkpoint_layers = false;  // recompute each drafter layer in backward
+  int64_t attention_tile = 256;    // key tile of the sparse attention
 };
 
 // Which ranks run the target and which train drafters (SPEC.md's 8-GPU split).
@@ -91,9 +91,9 @@ struct TopologyConfig {
   std::vector<int64_t> drafter_ranks{0};
   std::string device = "cpu";            // "cpu" | "cuda"
   std::vector<double> device_memory_gb;  // per rank (decimal GB); empty = unknown
-  double memory_reserve_gb = 2.0;  // kept free on every device (allocator, CUDA context)
-  double timeout_s = 60.0;         // a transfer or collective waiting longer fails the run
-  int64_t queue_depth = 2;         // micro-batches a target rank may run ahead
+  double memory_reserve_gb = 2.0;        // kept free on every device (allocator, CUDA context)
+  double timeout_s = 60.0;               // a transfer or collective waiting longer fails the run
+  int64_t queue_depth = 2;               // micro-batches a target rank may run ahead
 };
 
 struct Config {

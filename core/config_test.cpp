@@ -147,7 +147,9 @@ INSTANTIATE_TEST_SUITE_P(
         Rejected{"inline_rows_without_inline_source", with("", "input_ids = [[1, 2]]", "data"),
                  "data.input_ids", "source = \"inline\""},
         Rejected{"inline_row_too_short",
-                 with("mask_token_id", "mask_token_id = 63\nsource = \"inline\"\ninput_ids = [[1], [2]]\nloss_mask = [[1], [0]]"),
+                 with("mask_token_id",
+                      "mask_token_id = 63\nsource = \"inline\"\ninput_ids = [[1], [2]]\nloss_mask "
+                      "= [[1], [0]]"),
                  "data.input_ids", "data.seq_len = 16"},
         Rejected{"not_toml", "[target\nvocab_size = 3", "line 1", "not valid TOML"}),
     [](const ::testing::TestParamInfo<Rejected>& i) { return std::string(i.param.name); });

@@ -18,8 +18,8 @@ double AdamW::lr_at(int64_t step) const {
   if (cfg_.warmup_steps > 0 && step < cfg_.warmup_steps)
     return cfg_.lr * double(step + 1) / double(cfg_.warmup_steps);
   if (cfg_.total_steps <= cfg_.warmup_steps) return cfg_.lr;
-  const double progress = std::min(1.0, double(step - cfg_.warmup_steps) /
-                                            double(cfg_.total_steps - cfg_.warmup_steps));
+  const double progress = std::min(
+      1.0, double(step - cfg_.warmup_steps) / double(cfg_.total_steps - cfg_.warmup_steps));
   const double cosine = 0.5 * (1.0 + std::cos(M_PI * progress));
   return cfg_.lr * (cfg_.min_lr_ratio + (1.0 - cfg_.min_lr_ratio) * cosine);
 }
@@ -30,14 +30,16 @@ AdamW::Stats AdamW::step() {
   for (const auto& [name, p] : params_)
     if (p.grad().defined()) sq += p.grad().to(at::kDouble).pow(2).sum().item<double>();
   const double norm = std::sqrt(sq);
-  const double scale = (cfg_.clip_norm > 0 && norm > cfg_.clip_norm) ? cfg_.clip_norm / (norm + 1e-6) : 1.0;
+  const double scale =
+      (cfg_.clip_norm > 0 && norm > cfg_.clip_norm) ? cfg_.clip_norm / (norm + 1e-6) : 1.0;
   const double lr = lr_at(t_);
   ++t_;
   const double bc1 = 1.0 - std::pow(cfg_.beta1, double(t_));
   const double bc2 = 1.0 - std::pow(cfg_.beta2, double(t_));
   for (size_t i = 0; i < params_.size(); ++i) {
     at::Tensor p = params_[i].second;
-    const at::Tensor g = p.grad().defined() ? p.grad().to(m_[i].scalar_type()) * scale : at::zeros_like(m_[i]);
+    if (!p.grad().defined()) continue;  // no gradient: untouched, like torch.optim.AdamW
+    const at::Tensor g = p.grad().to(m_[i].scalar_type()) * scale;
     m_[i].mul_(cfg_.beta1).add_(g, 1.0 - cfg_.beta1);
     v_[i].mul_(cfg_.beta2).addcmul_(g, g, 1.0 - cfg_.beta2);
     const at::Tensor update = (m_[i] / bc1) / ((v_[i] / bc2).sqrt() + cfg_.eps);

@@ -15,9 +15,9 @@ struct OptimConfig {
   double lr = 1e-4;
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
   double weight_decay = 0.0;
-  double clip_norm = 1.0;    // <= 0: no clipping
+  double clip_norm = 1.0;  // <= 0: no clipping
   int64_t warmup_steps = 0;
-  int64_t total_steps = 0;   // cosine horizon; 0: constant after warmup
+  int64_t total_steps = 0;  // cosine horizon; 0: constant after warmup
   double min_lr_ratio = 0.0;
 };
 
@@ -30,7 +30,8 @@ class AdamW {
     double grad_norm;  // before clipping
     double lr;
   };
-  // One update from the parameters' .grad() (undefined gradients count as 0).
+  // One update from the parameters' .grad(); a parameter without a gradient
+  // is skipped (its moments do not move either).
   Stats step();
   int64_t steps_taken() const { return t_; }
   // Moments by parameter name ("exp_avg.<name>", "exp_avg_sq.<name>").

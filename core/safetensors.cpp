@@ -48,9 +48,9 @@ std::vector<int64_t> parse_shape(const nlohmann::ordered_json& e, const std::str
     fail(label, fmt::format("tensor '{}': 'shape' must be an array of integers", name));
   std::vector<int64_t> shape;
   for (const auto& d : e["shape"]) {
-    if (!d.is_number_unsigned())
-      fail(label, fmt::format("tensor '{}': shape entries must be integers >= 0, found {}", name,
-                              d.dump()));
+    if (!d.is_number_unsigned() || d.get<uint64_t>() > uint64_t(INT64_MAX))
+      fail(label, fmt::format("tensor '{}': shape entries must be integers in [0, 2^63), found {}",
+                              name, d.dump()));
     shape.push_back(int64_t(d.get<uint64_t>()));
   }
   return shape;
@@ -165,6 +165,11 @@ File parse(const std::string& bytes, const std::string& label) {
 
   const char* data = bytes.data() + 8 + n;
   for (const auto& e : entries) {
+    if (e.dtype->type == at::kBool)
+      for (uint64_t i = e.begin; i < e.end; ++i)
+        if (uint8_t(data[i]) > 1)
+          fail(label, fmt::format("tensor '{}': BOOL byte {} is {}, not 0 or 1", e.name,
+                                  i - e.begin, int(uint8_t(data[i]))));
     at::Tensor t = at::empty(e.shape, at::TensorOptions().dtype(e.dtype->type));
     if (e.end > e.begin) std::memcpy(t.data_ptr(), data + e.begin, e.end - e.begin);
     f.tensors.emplace_back(e.name, std::move(t));

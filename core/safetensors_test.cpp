@@ -126,7 +126,15 @@ INSTANTIATE_TEST_SUITE_P(
         Malformed{"missing_offsets",
                   raw(R"({"x":{"dtype":"F32","shape":[2]}})", std::string(8, '\0')),
                   "data_offsets"},
-        Malformed{"bad_metadata", raw(R"({"__metadata__":{"k":3}})", ""), "__metadata__.k"}),
+        Malformed{"bad_metadata", raw(R"({"__metadata__":{"k":3}})", ""), "__metadata__.k"},
+        Malformed{
+            "shape_over_int64",
+            raw(R"({"x":{"dtype":"U8","shape":[9223372036854775808,0],"data_offsets":[0,0]}})", ""),
+            "shape entries"},
+        Malformed{"bool_not_0_or_1",
+                  raw(R"({"x":{"dtype":"BOOL","shape":[2],"data_offsets":[0,2]}})",
+                      std::string("\x01\x07", 2)),
+                  "not 0 or 1"}),
     [](const ::testing::TestParamInfo<Malformed>& i) { return std::string(i.param.name); });
 
 TEST(Safetensors, MissingTensorIsNamed) {

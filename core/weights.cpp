@@ -71,8 +71,7 @@ std::vector<ParamSpec> drafter_specs(const Config& c) {
 void visit(DrafterWeights& w, const TensorVisitor& f) {
   f("fc.weight", w.fc);
   f("hidden_norm.weight", w.hidden_norm);
-  for (size_t i = 0; i < w.layers.size(); ++i)
-    visit(w.layers[i], fmt::format("layers.{}.", i), f);
+  for (size_t i = 0; i < w.layers.size(); ++i) visit(w.layers[i], fmt::format("layers.{}.", i), f);
   f("norm.weight", w.norm);
 }
 

@@ -1,12 +1,11 @@
 #include "harness/audit.h"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 
 #include <unordered_set>
-
-#include <fmt/format.h>
-#include <fmt/ranges.h>
 
 #include "core/optim.h"
 
@@ -66,28 +65,36 @@ void check_trainable(AuditReport& rep, const DrafterWeights& w, const GraphFacts
       r.finite = at::isfinite(gr).all().item<bool>();
       r.grad_norm = gr.to(at::kDouble).norm().item<double>();
     }
-    const bool may_be_zero = wsum == 0 || (blind && (name == "fc.weight" || name == "hidden_norm.weight"));
-    if (!r.reachable) r.verdict = "(a) not reachable from the loss";
-    else if (!r.grad_defined) r.verdict = "(c) gradient undefined";
-    else if (!r.finite) r.verdict = "(c) gradient not finite";
-    else if (r.grad_norm == 0 && !may_be_zero) r.verdict = "(c) gradient exactly zero";
-    else if (r.grad_norm != 0 && wsum == 0) r.verdict = "(c) gradient nonzero with no weighted position";
+    const bool may_be_zero =
+        wsum == 0 || (blind && (name == "fc.weight" || name == "hidden_norm.weight"));
+    if (!r.reachable)
+      r.verdict = "(a) not reachable from the loss";
+    else if (!r.grad_defined)
+      r.verdict = "(c) gradient undefined";
+    else if (!r.finite)
+      r.verdict = "(c) gradient not finite";
+    else if (r.grad_norm == 0 && !may_be_zero)
+      r.verdict = "(c) gradient exactly zero";
+    else if (r.grad_norm != 0 && wsum == 0)
+      r.verdict = "(c) gradient nonzero with no weighted position";
     rep.rows.push_back(r);
   }
 }
 
-void check_frozen(AuditReport& rep, const NamedTensors& frozen, const std::vector<at::Tensor>& before,
-                  const GraphFacts& g) {
+void check_frozen(AuditReport& rep, const NamedTensors& frozen,
+                  const std::vector<at::Tensor>& before, const GraphFacts& g) {
   for (size_t i = 0; i < frozen.size(); ++i) {
     const auto& [name, t] = frozen[i];
     AuditRow r{name, false, t.sizes().vec()};
     r.reachable = g.leaves.count(t.unsafeGetTensorImpl()) > 0;
     r.grad_defined = t.grad().defined();
     r.moved = !at::equal(t.detach(), before[i]);
-    if (t.requires_grad()) r.verdict = "(b) frozen tensor requires grad";
-    if (r.reachable) r.verdict = "(b) frozen tensor reachable from the loss";
-    if (r.grad_defined) r.verdict = "(b) frozen tensor has a gradient";
-    if (r.moved) r.verdict = "(b) frozen tensor changed in the optimizer step";
+    std::vector<std::string> why;
+    if (t.requires_grad()) why.push_back("requires grad");
+    if (r.reachable) why.push_back("reachable from the loss");
+    if (r.grad_defined) why.push_back("has a gradient");
+    if (r.moved) why.push_back("changed in the optimizer step");
+    if (!why.empty()) r.verdict = fmt::format("(b) frozen tensor {}", fmt::join(why, ", "));
     rep.rows.push_back(r);
   }
 }
@@ -125,9 +132,11 @@ AuditReport audit_step(const StepFn& fn, const Config& c, const DrafterWeights& 
   rep.checkpoint_regions = g.checkpoint_regions;
   check_frozen(rep, frozen, before, g);
   for (auto& r : rep.rows) {
-    if (r.verdict.empty()) r.verdict = "ok";
-    else rep.findings.push_back(fmt::format("{} {}: {}", r.verdict.substr(0, 3), r.name,
-                                            r.verdict.substr(4)));
+    if (r.verdict.empty())
+      r.verdict = "ok";
+    else
+      rep.findings.push_back(
+          fmt::format("{} {}: {}", r.verdict.substr(0, 3), r.name, r.verdict.substr(4)));
   }
   return rep;
 }

@@ -33,7 +33,7 @@ struct AuditRow {
   bool grad_defined = false;
   bool finite = true;
   double grad_norm = 0;
-  bool moved = false;  // after one AdamW step
+  bool moved = false;   // after one AdamW step
   std::string verdict;  // "ok" or the finding class and reason
 };
 
@@ -42,12 +42,13 @@ struct AuditReport {
   std::vector<std::string> findings;  // "(a) ...", "(b) ...", ...
   int checkpoint_regions = 0;         // CheckpointBackward nodes in the graph
   bool ok() const { return findings.empty(); }
-  bool has(char cls) const;           // a finding of class 'a'..'d'
-  std::string format() const;         // the per-parameter table and findings
+  bool has(char cls) const;    // a finding of class 'a'..'d'
+  std::string format() const;  // the per-parameter table and findings
 };
 
-// Runs one step of `fn` (forward, backward, AdamW step) on copies of the
-// weights, so the caller's tensors are left as they were.
+// Runs one step of `fn` (forward, backward, AdamW step) on a copy of the
+// trainable weights; the frozen tensors are the caller's own (that is what
+// is being audited), so a step that moves them moves the caller's.
 AuditReport audit_step(const StepFn& fn, const Config& c, const DrafterWeights& w,
                        const TargetWeights& target, const StepInputs& in);
 

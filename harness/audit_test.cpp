@@ -1,9 +1,10 @@
 // The audit's rules on the real steps: the per-parameter table, the
 // context-blind exception to rule (c), and a step with no weighted position.
+#include "harness/audit.h"
+
 #include <gtest/gtest.h>
 
 #include "fixtures/fixtures.h"
-#include "harness/audit.h"
 #include "optimized/step.h"
 #include "reference/step.h"
 
@@ -15,8 +16,10 @@ struct Case {
   TargetWeights target;
   DrafterWeights w;
   StepInputs in;
-  Case() : target(fixtures::make_target(c)), w(fixtures::make_drafter(c)),
-           in(fixtures::make_step_inputs(c, target, 0)) {}
+  Case()
+      : target(fixtures::make_target(c)),
+        w(fixtures::make_drafter(c)),
+        in(fixtures::make_step_inputs(c, target, 0)) {}
 };
 
 TEST(Audit, TableCoversEveryTrainableAndFrozenTensor) {

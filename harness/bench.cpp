@@ -1,11 +1,10 @@
 #include "harness/bench.h"
 
+#include <fmt/format.h>
 #include <sys/resource.h>
 
 #include <chrono>
 #include <fstream>
-
-#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "core/alloc_probe.h"
@@ -36,14 +35,16 @@ double now() {
 class LossCase : public BenchCase {
  public:
   explicit LossCase(bool quick)
-      : Q_(quick ? 1024 : 8192), H_(quick ? 256 : 1024), V_(quick ? 8192 : 32768),
+      : Q_(quick ? 1024 : 8192),
+        H_(quick ? 256 : 1024),
+        V_(quick ? 8192 : 32768),
         C_(quick ? 256 : 1024) {
     at::manual_seed(0);
     cfg_ = fixtures::micro_config();
     cfg_.loss = {1.0, 1.0, 1.0, 0.0, C_};
-    D_ = at::randn({1, Q_, H_}).requires_grad_(true);                 // (1, Q, H)
-    Ht_ = at::randn({1, Q_, H_});                                     // (1, Q, H)
-    W_ = at::randn({V_, H_}) * (1.0 / std::sqrt(double(H_)));         // (V, H)
+    D_ = at::randn({1, Q_, H_}).requires_grad_(true);          // (1, Q, H)
+    Ht_ = at::randn({1, Q_, H_});                              // (1, Q, H)
+    W_ = at::randn({V_, H_}) * (1.0 / std::sqrt(double(H_)));  // (V, H)
     const int64_t bs = 16, N = Q_ / bs;
     layout_.block_size = bs;
     layout_.labels = at::randint(V_, {1, Q_}, at::kLong);
@@ -87,7 +88,8 @@ class AttentionCase : public BenchCase {
     k_ = at::randn({1, nkv_, S_ + Q, hd_}).requires_grad_(true);
     v_ = at::randn({1, nkv_, S_ + Q, hd_}).requires_grad_(true);
     dout_ = at::randn({1, nh_, Q, hd_});
-    a_ = {std::get<0>(at::randint(1, S_ - 1, {1, N_}, at::kLong).sort(1)), at::ones({1, N_}, at::kBool)};
+    a_ = {std::get<0>(at::randint(1, S_ - 1, {1, N_}, at::kLong).sort(1)),
+          at::ones({1, N_}, at::kBool)};
   }
   std::string name() const override { return "attention"; }
   std::string shape() const override {
@@ -96,8 +98,9 @@ class AttentionCase : public BenchCase {
   double flops(bool optimized) const override {
     const double Q = double(N_ * bs_);
     if (!optimized) return 6 * 2.0 * nh_ * Q * double(S_ + N_ * bs_) * hd_;  // 2 fwd + 4 bwd GEMMs
-    const double visible = (a_.anchors.sum().item<double>() + double(N_ * bs_));  // sum_n (anchor_n + bs)
-    return 7 * 2.0 * nh_ * double(bs_) * visible * hd_;  // 2 fwd + 5 bwd (recompute) GEMMs
+    const double visible =
+        (a_.anchors.sum().item<double>() + double(N_ * bs_));  // sum_n (anchor_n + bs)
+    return 7 * 2.0 * nh_ * double(bs_) * visible * hd_;        // 2 fwd + 5 bwd (recompute) GEMMs
   }
   void run(bool optimized) override {
     for (const at::Tensor* t : {&q_, &k_, &v_}) const_cast<at::Tensor*>(t)->mutable_grad().reset();
@@ -158,7 +161,9 @@ class StepCase : public BenchCase {
 }  // namespace
 
 std::unique_ptr<BenchCase> loss_case(bool quick) { return std::make_unique<LossCase>(quick); }
-std::unique_ptr<BenchCase> attention_case(bool quick) { return std::make_unique<AttentionCase>(quick); }
+std::unique_ptr<BenchCase> attention_case(bool quick) {
+  return std::make_unique<AttentionCase>(quick);
+}
 std::unique_ptr<BenchCase> step_case(bool quick) { return std::make_unique<StepCase>(quick); }
 
 PathResult measure(BenchCase& c, bool optimized, int repeats) {
@@ -202,9 +207,10 @@ int run_bench(const BenchOptions& o) {
   if (wanted("step")) cases.push_back([&] { return step_case(o.quick); });
   const double gemm = gemm_gflops(o.quick);
   const char* policy = std::getenv("OMP_WAIT_POLICY");
-  fmt::print("dflash bench: {} threads, OMP_WAIT_POLICY={}, fp32 GEMM rate {:.1f} GFLOP/s "
-             "(measured now){}\n\n",
-             at::get_num_threads(), policy ? policy : "(unset)", gemm, o.quick ? ", quick sizes" : "");
+  fmt::print(
+      "dflash bench: {} threads, OMP_WAIT_POLICY={}, fp32 GEMM rate {:.1f} GFLOP/s "
+      "(measured now){}\n\n",
+      at::get_num_threads(), policy ? policy : "(unset)", gemm, o.quick ? ", quick sizes" : "");
   nlohmann::json out = {{"threads", at::get_num_threads()}, {"gemm_gflops", gemm}, {"cases", {}}};
   for (auto& make : cases) {
     const std::unique_ptr<BenchCase> c = make();
@@ -212,22 +218,31 @@ int run_bench(const BenchOptions& o) {
     const PathResult ref = measure(*c, false, o.repeats);
     const PathResult opt = measure(*c, true, o.repeats);
     const double rate = c->flops(true) / opt.seconds / 1e9;
-    fmt::print("  time  reference {:8.3f} s   optimized {:8.3f} s   ratio {:.3f}   (of which system: "
-               "{:.2f} s, {:.2f} s)\n", ref.seconds, opt.seconds, opt.seconds / ref.seconds,
-               ref.sys_seconds, opt.sys_seconds);
-    fmt::print("  peak  reference {:8.1f} MiB optimized {:8.1f} MiB ratio {:.4f} (reference/optimized {:.1f}x)\n",
-               ref.peak_bytes / kMiB, opt.peak_bytes / kMiB,
-               double(opt.peak_bytes) / double(ref.peak_bytes),
-               double(ref.peak_bytes) / double(opt.peak_bytes));
-    fmt::print("  flops reference {:.3g}  optimized {:.3g}  optimized rate {:.1f} GFLOP/s = {:.2f} of GEMM\n",
-               c->flops(false), c->flops(true), rate, rate / gemm);
-    nlohmann::json j = {{"shape", c->shape()},          {"reference_s", ref.seconds},
-                        {"optimized_s", opt.seconds},    {"time_ratio", opt.seconds / ref.seconds},
-                        {"reference_sys_s", ref.sys_seconds}, {"optimized_sys_s", opt.sys_seconds},
+    fmt::print(
+        "  time  reference {:8.3f} s   optimized {:8.3f} s   ratio {:.3f}   (of which system: "
+        "{:.2f} s, {:.2f} s)\n",
+        ref.seconds, opt.seconds, opt.seconds / ref.seconds, ref.sys_seconds, opt.sys_seconds);
+    fmt::print(
+        "  peak  reference {:8.1f} MiB optimized {:8.1f} MiB ratio {:.4f} (reference/optimized "
+        "{:.1f}x)\n",
+        ref.peak_bytes / kMiB, opt.peak_bytes / kMiB,
+        double(opt.peak_bytes) / double(ref.peak_bytes),
+        double(ref.peak_bytes) / double(opt.peak_bytes));
+    fmt::print(
+        "  flops reference {:.3g}  optimized {:.3g}  optimized rate {:.1f} GFLOP/s = {:.2f} of "
+        "GEMM\n",
+        c->flops(false), c->flops(true), rate, rate / gemm);
+    nlohmann::json j = {{"shape", c->shape()},
+                        {"reference_s", ref.seconds},
+                        {"optimized_s", opt.seconds},
+                        {"time_ratio", opt.seconds / ref.seconds},
+                        {"reference_sys_s", ref.sys_seconds},
+                        {"optimized_sys_s", opt.sys_seconds},
                         {"reference_peak_bytes", ref.peak_bytes},
                         {"optimized_peak_bytes", opt.peak_bytes},
                         {"peak_ratio", double(opt.peak_bytes) / double(ref.peak_bytes)},
-                        {"flops_reference", c->flops(false)}, {"flops_optimized", c->flops(true)},
+                        {"flops_reference", c->flops(false)},
+                        {"flops_optimized", c->flops(true)},
                         {"gemm_fraction", rate / gemm}};
     if (c->floor_bytes() > 0) {
       fmt::print("  floor {:.1f} MiB = {}; optimized / floor {:.3f}\n", c->floor_bytes() / kMiB,

@@ -21,12 +21,12 @@ class BenchCase {
  public:
   virtual ~BenchCase() = default;
   virtual std::string name() const = 0;
-  virtual std::string shape() const = 0;      // the sizes, for the table
+  virtual std::string shape() const = 0;           // the sizes, for the table
   virtual double flops(bool optimized) const = 0;  // analytic, forward + backward
   // A lower bound on the optimized build's peak (0 when none is stated).
   virtual int64_t floor_bytes() const { return 0; }
   virtual std::string floor_formula() const { return ""; }
-  virtual void run(bool optimized) = 0;       // one forward + backward
+  virtual void run(bool optimized) = 0;  // one forward + backward
 };
 
 // The issue-3 target sizes, or CI-sized ones with quick = true.

@@ -23,20 +23,20 @@ inline void run_path(benchmark::State& state, BenchCase& c, bool optimized) {
     peak = std::max(peak, scope.peak_bytes());
   }
   state.counters["peak_MiB"] = double(peak) / (1024.0 * 1024.0);
-  state.counters["FLOPS"] = benchmark::Counter(c.flops(optimized),
-                                               benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["FLOPS"] =
+      benchmark::Counter(c.flops(optimized), benchmark::Counter::kIsIterationInvariantRate);
 }
 
 }  // namespace dflash::harness
 
-#define DFLASH_BENCH_PAIR(Name, make_case)                                          \
-  static void BM_##Name##Reference(benchmark::State& s) {                           \
-    auto c = make_case;                                                             \
-    dflash::harness::run_path(s, *c, false);                                        \
-  }                                                                                 \
-  static void BM_##Name##Optimized(benchmark::State& s) {                           \
-    auto c = make_case;                                                             \
-    dflash::harness::run_path(s, *c, true);                                         \
-  }                                                                                 \
-  BENCHMARK(BM_##Name##Reference)->Unit(benchmark::kMillisecond)->UseRealTime();    \
+#define DFLASH_BENCH_PAIR(Name, make_case)                                       \
+  static void BM_##Name##Reference(benchmark::State& s) {                        \
+    auto c = make_case;                                                          \
+    dflash::harness::run_path(s, *c, false);                                     \
+  }                                                                              \
+  static void BM_##Name##Optimized(benchmark::State& s) {                        \
+    auto c = make_case;                                                          \
+    dflash::harness::run_path(s, *c, true);                                      \
+  }                                                                              \
+  BENCHMARK(BM_##Name##Reference)->Unit(benchmark::kMillisecond)->UseRealTime(); \
   BENCHMARK(BM_##Name##Optimized)->Unit(benchmark::kMillisecond)->UseRealTime();

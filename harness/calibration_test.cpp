@@ -2,9 +2,8 @@
 // measured by the allocator probe on a sweep of small float32 CPU configs,
 // every component and the whole step within +-15%. The measured ratios are
 // printed (DFLASH_VERBOSE=1) and tabulated in docs/PREFLIGHT.md.
-#include <gtest/gtest.h>
-
 #include <fmt/format.h>
+#include <gtest/gtest.h>
 
 #include "core/alloc_probe.h"
 #include "fixtures/fixtures.h"
@@ -50,7 +49,8 @@ Config config_of(const Sweep& w) {
 void expect_within(const std::string& what, double measured, double predicted) {
   const double ratio = predicted / measured;
   EXPECT_NEAR(ratio, 1.0, kBand) << what << ": predicted " << predicted << " measured " << measured;
-  if (std::getenv("DFLASH_VERBOSE")) fmt::print("  {:<40} predicted/measured {:.3f}\n", what, ratio);
+  if (std::getenv("DFLASH_VERBOSE"))
+    fmt::print("  {:<40} predicted/measured {:.3f}\n", what, ratio);
 }
 
 class Calibration : public ::testing::TestWithParam<Sweep> {
@@ -149,7 +149,8 @@ TEST_P(Calibration, WholeStep) {
     run_step(optimized::drafter_step, cc, w, target.frozen(), in);
     const double measured = double(scope.peak_delta());
     if (std::getenv("DFLASH_VERBOSE"))
-      for (const auto& i : items) fmt::print("    {:<56} {:>10.0f} kind {}\n", i.name, i.bytes, int(i.kind));
+      for (const auto& i : items)
+        fmt::print("    {:<56} {:>10.0f} kind {}\n", i.name, i.bytes, int(i.kind));
     expect_within(checkpoint ? "whole step (checkpointed)" : "whole step", measured,
                   peak_of(items, cc.drafter.num_hidden_layers) - resident);
   }

@@ -1,9 +1,8 @@
 // Component-level parity properties: the loss, the attention and the
 // checkpoint against their reference twins on generated shapes.
 #include <ATen/CPUGeneratorImpl.h>
-#include <rapidcheck.h>
-
 #include <fmt/format.h>
+#include <rapidcheck.h>
 
 #include "harness/parity.h"
 #include "harness/properties.h"
@@ -51,9 +50,9 @@ rc::Gen<LossCase> gen_loss_case() {
     c.cfg.data.block_size = *rc::gen::inRange<int64_t>(2, 6);
     c.cfg.data.max_anchors = *rc::gen::inRange<int64_t>(1, 6);
     const int64_t Qmax = c.cfg.data.block_size * c.cfg.data.max_anchors;
-    c.cfg.loss.chunk_size = *rc::gen::oneOf(rc::gen::just<int64_t>(0), rc::gen::just<int64_t>(1),
-                                            rc::gen::inRange<int64_t>(2, Qmax + 1),
-                                            rc::gen::just<int64_t>(Qmax + 5));
+    c.cfg.loss.chunk_size =
+        *rc::gen::oneOf(rc::gen::just<int64_t>(0), rc::gen::just<int64_t>(1),
+                        rc::gen::inRange<int64_t>(2, Qmax + 1), rc::gen::just<int64_t>(Qmax + 5));
     c.cfg.loss.ce_weight = *rc::gen::element(0.0, 0.5, 1.0);
     c.cfg.loss.kl_weight = c.cfg.loss.ce_weight == 0 ? 1.0 : *rc::gen::element(0.0, 0.3, 1.0);
     c.cfg.loss.temperature = *rc::gen::element(0.5, 1.0, 1.7);
@@ -61,7 +60,8 @@ rc::Gen<LossCase> gen_loss_case() {
     c.cfg.run.dtype = *rc::gen::element(DType::kFloat64, DType::kFloat32, DType::kBFloat16);
     c.mask = gen_mask(c.B, c.S);
     c.seed = *rc::gen::inRange<uint64_t>(0, 1u << 30);
-    c.ids = at::randint(c.V, {c.B, c.S}, at::make_generator<at::CPUGeneratorImpl>(c.seed), at::kLong);
+    c.ids =
+        at::randint(c.V, {c.B, c.S}, at::make_generator<at::CPUGeneratorImpl>(c.seed), at::kLong);
     c.upstream = *rc::gen::element(0.37, -1.9, 3.0);
     return c;
   });
@@ -75,8 +75,8 @@ struct LossRun {
 std::string check_loss_case(const LossFn& candidate, const LossCase& c, std::string* size) {
   Rng rng(c.seed);
   const Anchors a = sample_anchors(c.mask, c.cfg.data.max_anchors, rng);
-  const DraftLayout l = make_draft_layout(c.ids, c.mask, a, c.cfg.data.block_size, c.V - 1,
-                                          c.cfg.loss.gamma);
+  const DraftLayout l =
+      make_draft_layout(c.ids, c.mask, a, c.cfg.data.block_size, c.V - 1, c.cfg.loss.gamma);
   const int64_t Q = l.noise_ids.size(1);
   *size = fmt::format("B={} S={} Q={} H={} V={} chunk={} {}", c.B, c.S, Q, c.H, c.V,
                       c.cfg.loss.chunk_size, dtype_name(c.cfg.run.dtype));
@@ -110,21 +110,24 @@ std::string check_loss_case(const LossFn& candidate, const LossCase& c, std::str
     std::vector<at::Tensor> s;
     for (const LossRun& r : same) s.push_back(get(r));
     const bool nats = std::string(name) != "grad.student_hidden";
-    rep.rows.push_back(compare(name, get(cand), s, get(r64), nats ? loss_tolerance(rule.tol) : rule.tol));
+    rep.rows.push_back(
+        compare(name, get(cand), s, get(r64), nats ? loss_tolerance(rule.tol) : rule.tol));
   }
   // Argmax metrics: exact in float64; float32 may flip near ties only.
   const at::Tensor logits = reference::project(D, W);
   const at::Tensor top2 = std::get<0>(logits.topk(std::min<int64_t>(2, c.V), -1));
   const double scale = 1.0 + (logits.numel() ? logits.abs().max().item<double>() : 0.0);
-  const at::Tensor near = c.V < 2 ? at::zeros_like(l.counted)
-                                  : (top2.select(-1, 0) - top2.select(-1, 1)) < rule.logit_noise * scale;
+  const at::Tensor near =
+      c.V < 2 ? at::zeros_like(l.counted)
+              : (top2.select(-1, 0) - top2.select(-1, 1)) < rule.logit_noise * scale;
   const int64_t ties = (near & l.counted).sum().item<int64_t>();
-  const bool metrics_ok = (cand.out.correct - r64.out.correct).abs().sum().item<int64_t>() <= ties &&
-                          at::equal(cand.out.counted, r64.out.counted);
+  const bool metrics_ok =
+      (cand.out.correct - r64.out.correct).abs().sum().item<int64_t>() <= ties &&
+      at::equal(cand.out.counted, r64.out.counted);
   if (!metrics_ok) {
     Comparison m;
     m.name = "metric.correct_per_slot";
-    m.message = fmt::format("{} hits differ with {} near ties", 
+    m.message = fmt::format("{} hits differ with {} near ties",
                             (cand.out.correct - r64.out.correct).abs().sum().item<int64_t>(), ties);
     rep.rows.push_back(m);
   }
@@ -154,8 +157,9 @@ rc::Gen<AttnCase> gen_attention_case() {
     c.a.keep = at::zeros({c.B, c.N}, at::kBool);
     for (int64_t b = 0; b < c.B; ++b)
       for (int64_t n = 0; n < c.N; ++n) {
-        c.a.anchors[b][n] = *rc::gen::oneOf(rc::gen::just<int64_t>(0), rc::gen::just<int64_t>(c.S - 2),
-                                            rc::gen::inRange<int64_t>(0, c.S - 1));
+        c.a.anchors[b][n] =
+            *rc::gen::oneOf(rc::gen::just<int64_t>(0), rc::gen::just<int64_t>(c.S - 2),
+                            rc::gen::inRange<int64_t>(0, c.S - 1));
         c.a.keep[b][n] = *rc::gen::weightedElement<bool>({{4, true}, {1, false}});
       }
     c.seed = *rc::gen::inRange<uint64_t>(0, 1u << 30);
@@ -166,9 +170,10 @@ rc::Gen<AttnCase> gen_attention_case() {
 std::string check_attention_case(const AttentionFn& candidate, const AttnCase& c,
                                  std::string* size) {
   const int64_t Q = c.N * c.bs, nh = c.nkv * c.G;
-  *size = fmt::format("B={} S={} N={} bs={} nh={} nkv={} hd={} tile={} {}", c.B, c.S, c.N, c.bs,
-                      nh, c.nkv, c.hd, c.tile, dtype_name(c.dtype));
-  const at::Tensor q = randn({c.B, nh, Q, c.hd}, c.seed), k = randn({c.B, c.nkv, c.S + Q, c.hd}, c.seed + 1);
+  *size = fmt::format("B={} S={} N={} bs={} nh={} nkv={} hd={} tile={} {}", c.B, c.S, c.N, c.bs, nh,
+                      c.nkv, c.hd, c.tile, dtype_name(c.dtype));
+  const at::Tensor q = randn({c.B, nh, Q, c.hd}, c.seed),
+                   k = randn({c.B, c.nkv, c.S + Q, c.hd}, c.seed + 1);
   const at::Tensor v = randn({c.B, c.nkv, c.S + Q, c.hd}, c.seed + 2);
   const at::Tensor dout = randn({c.B, nh, Q, c.hd}, c.seed + 3);  // per-element upstream
   auto run = [&](const AttentionFn& fn, at::ScalarType dt) {
@@ -178,9 +183,8 @@ std::string check_attention_case(const AttentionFn& candidate, const AttnCase& c
     return std::vector<at::Tensor>{out, ql.grad(), kl.grad(), vl.grad()};
   };
   const AttentionFn dense = [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                               const Anchors& a, int64_t S, int64_t bs, int64_t) {
-    return reference::draft_attention(q, k, v, a, S, bs);
-  };
+                               const Anchors& a, int64_t S, int64_t bs,
+                               int64_t) { return reference::draft_attention(q, k, v, a, S, bs); };
   const auto r64 = run(dense, at::kDouble);
   const at::ScalarType dt = scalar_type(c.dtype);
   const auto same = dt == at::kDouble ? r64 : run(dense, dt);
@@ -256,9 +260,8 @@ PropertyOutcome check_attention_parity(const AttentionFn& candidate, const Prope
 
 PropertyOutcome check_checkpoint_parity(const CheckpointImpl& candidate, const PropertyRun& run,
                                         const std::string& name) {
-  return run_property_public(name, run, [&](std::string* size) {
-    return check_checkpoint_case(candidate, size);
-  });
+  return run_property_public(
+      name, run, [&](std::string* size) { return check_checkpoint_case(candidate, size); });
 }
 
 }  // namespace dflash::harness

@@ -85,9 +85,9 @@ rc::Gen<Config> gen_step_config() {
   return rc::gen::exec([] {
     Config c = *gen_micro_config();
     const int64_t Qmax = c.data.max_anchors * c.data.block_size;
-    c.loss.chunk_size = *rc::gen::oneOf(rc::gen::just<int64_t>(0), rc::gen::just<int64_t>(1),
-                                        rc::gen::inRange<int64_t>(2, Qmax + 1),
-                                        rc::gen::just<int64_t>(Qmax + 7));
+    c.loss.chunk_size =
+        *rc::gen::oneOf(rc::gen::just<int64_t>(0), rc::gen::just<int64_t>(1),
+                        rc::gen::inRange<int64_t>(2, Qmax + 1), rc::gen::just<int64_t>(Qmax + 7));
     c.optimized.chunked_loss = *rc::gen::weightedElement<bool>({{4, true}, {1, false}});
     c.optimized.sparse_attention = *rc::gen::weightedElement<bool>({{4, true}, {1, false}});
     c.optimized.checkpoint_layers = *rc::gen::arbitrary<bool>();
@@ -96,7 +96,8 @@ rc::Gen<Config> gen_step_config() {
     // A per-head RMSNorm over 2 elements is so ill-conditioned that bf16
     // rounding alone moves its gradients by tens of percent: bf16 cases use
     // real-model head dims; float64/float32 cases keep the head_dim-2 corner.
-    if (c.run.dtype == DType::kBFloat16) c.drafter.shape.head_dim = *rc::gen::element<int64_t>(8, 16);
+    if (c.run.dtype == DType::kBFloat16)
+      c.drafter.shape.head_dim = *rc::gen::element<int64_t>(8, 16);
     c.data.source = "inline";
     for (int64_t b = 0; b < c.data.batch_size; ++b) {
       c.data.loss_mask.push_back(gen_mask_row(c.data.seq_len));

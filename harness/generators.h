@@ -24,8 +24,8 @@ rc::Gen<Config> gen_micro_config();
 
 // gen_micro_config plus everything parity varies: chunk size (0, 1,
 // non-divisors, larger than Q), component switches and attention tile, dtype
-// (float64, float32, bfloat16; bf16 cases use drafter head_dim 8 or 16), and an inline batch whose rows mix loss-mask
-// holes, rows without any anchor candidate, full rows, and rows whose only
+// (float64, float32, bfloat16; bf16 cases use drafter head_dim 8 or 16), and an inline batch whose
+// rows mix loss-mask holes, rows without any anchor candidate, full rows, and rows whose only
 // candidates sit at 0 and S-2 (so those anchors are always drawn).
 rc::Gen<Config> gen_step_config();
 

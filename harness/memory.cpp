@@ -1,8 +1,8 @@
 #include "harness/memory.h"
 
-#include <algorithm>
-
 #include <fmt/format.h>
+
+#include <algorithm>
 
 namespace dflash::harness {
 
@@ -14,7 +14,8 @@ Formula chunked_loss_bytes(int64_t M, int64_t Ns, int64_t H, int64_t V, int64_t 
   const double bwd = 2.0 * double(Ns * H * e);
   return {std::max(fwd, bwd),
           fmt::format("max(NsHe + (1+kl)CVe + (2+kl)CHe + 56M, 2NsHe), M={} Ns={} H={} V={} C={} "
-                      "kl={} e={}", M, Ns, H, V, C, kl, e)};
+                      "kl={} e={}",
+                      M, Ns, H, V, C, kl, e)};
 }
 
 Formula chunked_no_recompute_loss_bytes(int64_t Q, int64_t V, int64_t C, bool kl, int64_t e) {
@@ -26,7 +27,8 @@ Formula chunked_no_recompute_loss_bytes(int64_t Q, int64_t V, int64_t C, bool kl
                                        4.0 * (3 + 2 * k) * double(n)));
   }
   return {peak, fmt::format("max over chunks of V(e + up + 8kl)(rows so far) + 4V(3+2kl)n, Q={} "
-                            "V={} C={} kl={} e={}", Q, V, C, kl, e)};
+                            "V={} C={} kl={} e={}",
+                            Q, V, C, kl, e)};
 }
 
 Formula unchunked_loss_bytes(int64_t Q, int64_t V, bool kl, int64_t e) {
@@ -35,16 +37,18 @@ Formula unchunked_loss_bytes(int64_t Q, int64_t V, bool kl, int64_t e) {
   return {bytes, fmt::format("4QV(5+2kl) (+ eQV when e < 4), Q={} V={} kl={}", Q, V, kl)};
 }
 
-Formula sparse_attention_bytes(int64_t B, int64_t nh, int64_t nkv, int64_t Q, int64_t S,
-                               int64_t hd, int64_t T, int64_t e, int64_t a) {
+Formula sparse_attention_bytes(int64_t B, int64_t nh, int64_t nkv, int64_t Q, int64_t S, int64_t hd,
+                               int64_t T, int64_t e, int64_t a) {
   const int64_t R = (nh / nkv) * Q;
+  // Low-precision inputs also keep the output in acc precision for backward.
   const double outputs = double(e) * double(2 * B * nh * Q * hd + 2 * B * nkv * (S + Q) * hd) +
-                         double(a * B * nh * Q);
+                         double(a * B * nh * Q) + (e < a ? double(a * B * nh * Q * hd) : 0.0);
   const double head = double(3 * e + 3 * a) * double(R * hd) + 2.0 * a * double((S + Q) * hd) +
                       2.0 * a * double(R * std::min(T, S + Q));
   return {outputs + head,
           fmt::format("e(2B nh Q hd + 2B nkv (S+Q) hd) + a B nh Q + (3e+3a) R hd + 2a (S+Q) hd + "
-                      "2a R T, R={}", R)};
+                      "2a R T, R={}",
+                      R)};
 }
 
 Formula dense_scores_one_copy(int64_t B, int64_t nh, int64_t Q, int64_t S) {
@@ -66,11 +70,11 @@ Formula dense_attention_saved_bytes(int64_t B, int64_t nh, int64_t nkv, int64_t 
 
 Formula layer_activation_bytes(int64_t B, int64_t Q, int64_t S, const LayerShape& s, int64_t e) {
   const double BQ = double(B * Q), BK = double(B * (S + Q));
-  const double bytes = double(e) * (6.5 * BQ * double(s.hidden_size) +
-                                    6.0 * BQ * double(s.num_attention_heads * s.head_dim) +
-                                    4.0 * BQ * double(s.intermediate_size) +
-                                    0.5 * BK * double(s.hidden_size) +
-                                    5.0 * BK * double(s.num_key_value_heads * s.head_dim));
+  const double bytes =
+      double(e) *
+      (6.5 * BQ * double(s.hidden_size) + 6.0 * BQ * double(s.num_attention_heads * s.head_dim) +
+       4.0 * BQ * double(s.intermediate_size) + 0.5 * BK * double(s.hidden_size) +
+       5.0 * BK * double(s.num_key_value_heads * s.head_dim));
   return {bytes, "e(6.5BQH + 6BQ nh hd + 4BQI + 0.5B(S+Q)H + 5B(S+Q) nkv hd)"};
 }
 
@@ -96,7 +100,8 @@ int64_t layer_param_count(const LayerShape& s) {
 
 int64_t drafter_param_count(const Config& c) {
   const int64_t H = c.drafter.shape.hidden_size;
-  return H * c.num_taps() * H + 2 * H + c.drafter.num_hidden_layers * layer_param_count(c.drafter.shape);
+  return H * c.num_taps() * H + 2 * H +
+         c.drafter.num_hidden_layers * layer_param_count(c.drafter.shape);
 }
 
 int64_t target_param_count(const Config& c) {

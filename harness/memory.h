@@ -36,9 +36,9 @@ Formula unchunked_loss_bytes(int64_t Q, int64_t V, bool kl, int64_t e);
 
 // Block-sparse attention, forward + backward, per call. R = (nh/nkv) Q.
 //   e(2 B nh Q hd + 2 B nkv (S+Q) hd) + a B nh Q + (3e+3a) R hd + 2a (S+Q) hd
-//   + 2a R min(T, S+Q)
-Formula sparse_attention_bytes(int64_t B, int64_t nh, int64_t nkv, int64_t Q, int64_t S,
-                               int64_t hd, int64_t T, int64_t e, int64_t a);
+//   + 2a R min(T, S+Q), plus a B nh Q hd (the acc-precision output) when e < a
+Formula sparse_attention_bytes(int64_t B, int64_t nh, int64_t nkv, int64_t Q, int64_t S, int64_t hd,
+                               int64_t T, int64_t e, int64_t a);
 // Dense masked attention: the (B, nh, Q, S+Q) fp32 score matrix; per layer
 // autograd keeps about 2.4 copies of it (scores, softmax, masked probs) and,
 // with GQA, K and V repeated to every query head. dense_attention_saved_bytes

@@ -2,11 +2,12 @@
 // working sets of harness/memory.h at several sizes, and the two scaling
 // laws: the chunked loss's peak does not grow with Q beyond its O(Q*H)
 // gradient, nor the attention's with S beyond its O(S*hd) key gradients.
+#include "harness/memory.h"
+
 #include <gtest/gtest.h>
 
 #include "core/alloc_probe.h"
 #include "fixtures/fixtures.h"
-#include "harness/memory.h"
 #include "optimized/chunked_loss.h"
 #include "optimized/sparse_attention.h"
 #include "optimized/step.h"
@@ -59,7 +60,8 @@ TEST(MemoryCeiling, ChunkedLossUnderItsFormula) {
     const int64_t peak = loss_peak(s);
     const Formula f = chunked_loss_bytes(Q, Q, H, V, C, kl, 4);
     EXPECT_LE(double(peak), f.bytes * kSlack + kSlackBytes) << f.text << " measured " << peak;
-    if (std::getenv("DFLASH_VERBOSE")) std::cout << "measured/formula " << double(peak) / f.bytes << "\n";
+    if (std::getenv("DFLASH_VERBOSE"))
+      std::cout << "measured/formula " << double(peak) / f.bytes << "\n";
     EXPECT_GE(double(peak), f.bytes * 0.5) << "formula far above measurement: " << f.text;
   }
 }
@@ -89,7 +91,8 @@ AttnSetup attn_setup(int64_t S, int64_t N, int64_t nh, int64_t nkv, int64_t hd) 
   s.k = at::randn({1, nkv, S + Q, hd}).requires_grad_(true);
   s.v = at::randn({1, nkv, S + Q, hd}).requires_grad_(true);
   s.dout = at::randn({1, nh, Q, hd});
-  s.a = {std::get<0>(at::randint(1, S - 1, {1, N}, at::kLong).sort(1)), at::ones({1, N}, at::kBool)};
+  s.a = {std::get<0>(at::randint(1, S - 1, {1, N}, at::kLong).sort(1)),
+         at::ones({1, N}, at::kBool)};
   return s;
 }
 
@@ -108,7 +111,8 @@ TEST(MemoryCeiling, SparseAttentionUnderItsFormula) {
     const int64_t peak = attn_peak(s, T);
     const Formula f = sparse_attention_bytes(1, nh, nkv, N * 16, S, hd, T, 4, 4);
     EXPECT_LE(double(peak), f.bytes * kSlack + kSlackBytes) << f.text << " measured " << peak;
-    if (std::getenv("DFLASH_VERBOSE")) std::cout << "measured/formula " << double(peak) / f.bytes << "\n";
+    if (std::getenv("DFLASH_VERBOSE"))
+      std::cout << "measured/formula " << double(peak) / f.bytes << "\n";
   }
 }
 
@@ -145,12 +149,14 @@ TEST(MemoryCeiling, CheckpointedLayersKeepOnlyTheirInputs) {
     return AllocProbe::live_bytes() - before;  // what the graph keeps for backward
   };
   const int64_t Q = l.noise_ids.size(1);
-  const double f_bytes = checkpointed_saved_bytes(3, 2, Q, 64, 64, 16, 4).bytes + context_bytes(2, 64, 64, 4).bytes;
+  const double f_bytes =
+      checkpointed_saved_bytes(3, 2, Q, 64, 64, 16, 4).bytes + context_bytes(2, 64, 64, 4).bytes;
   const Formula f{f_bytes, "checkpointed_saved_bytes + context_bytes"};
   const int64_t ck = held(true), plain = held(false);
   EXPECT_LE(double(ck), f.bytes * kSlack + kSlackBytes) << f.text << " measured " << ck;
   EXPECT_LT(double(ck), 0.5 * double(plain)) << "checkpointed " << ck << " plain " << plain;
-  if (std::getenv("DFLASH_VERBOSE")) std::cout << "checkpointed " << ck << " formula " << f.bytes << " plain " << plain << "\n";
+  if (std::getenv("DFLASH_VERBOSE"))
+    std::cout << "checkpointed " << ck << " formula " << f.bytes << " plain " << plain << "\n";
 }
 
 }  // namespace

@@ -1,7 +1,6 @@
 #include "harness/parity.h"
 
 #include <ATen/CPUGeneratorImpl.h>
-
 #include <fmt/format.h>
 
 #include "fixtures/fixtures.h"
@@ -42,14 +41,16 @@ StepResult run_case(const StepFn& fn, const StepCase& c) {
 StepCase perturbed(const StepCase& c64, double rel, uint64_t seed) {
   StepCase s = c64;
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-  auto jitter = [&](const at::Tensor& t) { return t * (1 + rel * at::randn(t.sizes(), gen, at::kDouble)); };
+  auto jitter = [&](const at::Tensor& t) {
+    return t * (1 + rel * at::randn(t.sizes(), gen, at::kDouble));
+  };
   s.drafter = clone(c64.drafter);
-  visit(s.drafter, [&](const std::string&, at::Tensor& t) {
-    t = jitter(t.detach()).requires_grad_(true);
-  });
+  visit(s.drafter,
+        [&](const std::string&, at::Tensor& t) { t = jitter(t.detach()).requires_grad_(true); });
   s.target.embed_tokens = jitter(c64.target.embed_tokens);
-  s.target.lm_head = c64.target.lm_head.is_same(c64.target.embed_tokens) ? s.target.embed_tokens
-                                                                         : jitter(c64.target.lm_head);
+  s.target.lm_head = c64.target.lm_head.is_same(c64.target.embed_tokens)
+                         ? s.target.embed_tokens
+                         : jitter(c64.target.lm_head);
   s.inputs.features = jitter(c64.inputs.features);
   s.inputs.target_hidden = jitter(c64.inputs.target_hidden);
   return s;
@@ -57,19 +58,19 @@ StepCase perturbed(const StepCase& c64, double rel, uint64_t seed) {
 
 const DtypeRule& dtype_rule(DType d) {
   // float64: both sides float64, only summation order differs.
-  static const DtypeRule f64{{1.0, 1e-9}, 1e-9, 0.0,
-                             "float64 both: rounding order only, 1e-9 of each tensor's scale"};
+  static const DtypeRule f64{
+      {1.0, 1e-9}, 1e-9, 0.0, "float64 both: rounding order only, 1e-9 of each tensor's scale"};
   // float32: 4x the fp32 reference's own error, plus 5e-5 of the scale for
   // tensors the fp32 reference happens to get (nearly) exact. The floor is
   // set by the worst case measured over 8 x 500 generated cases: the KL
   // gradient term p_s - p_t cancels when the two distributions nearly agree,
   // and the fused kernel's exp (1.3 ulp) then leaves 2.4e-5 of the scale.
-  static const DtypeRule f32{{4.0, 5e-5}, 1e-4, 0x1p-24,
-                             "4x the float32 reference's error + 5e-5 of the scale"};
+  static const DtypeRule f32{
+      {4.0, 5e-5}, 1e-4, 0x1p-24, "4x the float32 reference's error + 5e-5 of the scale"};
   // bfloat16: 8-bit mantissa; the builds round at different places (chunks,
   // tiles, fused softmax), so 4x the bf16 reference's error + 1/64 of scale.
-  static const DtypeRule bf16{{4.0, 1.0 / 64}, 0.1, 0x1p-9,
-                              "4x the bfloat16 reference's error + 1/64 of the scale"};
+  static const DtypeRule bf16{
+      {4.0, 1.0 / 64}, 0.1, 0x1p-9, "4x the bfloat16 reference's error + 1/64 of the scale"};
   return d == DType::kFloat64 ? f64 : d == DType::kFloat32 ? f32 : bf16;
 }
 
@@ -77,14 +78,15 @@ Tolerance loss_tolerance(const Tolerance& t) { return {t.k, t.floor_rel, t.floor
 
 at::Tensor near_ties(const StepCase& c64, const StepResult& r64, double logit_noise) {
   const Config& c = c64.config;
-  const DraftLayout l = make_draft_layout(c64.inputs.input_ids, c64.inputs.loss_mask,
-                                          c64.inputs.anchors, c.data.block_size,
-                                          c.data.mask_token_id, c.loss.gamma);
+  const DraftLayout l =
+      make_draft_layout(c64.inputs.input_ids, c64.inputs.loss_mask, c64.inputs.anchors,
+                        c.data.block_size, c.data.mask_token_id, c.loss.gamma);
   const int64_t bs = c.data.block_size;
   at::Tensor ties = at::zeros({bs}, at::kLong);
   if (l.counted.numel() == 0 || c.target.vocab_size < 2) return ties;
-  const at::Tensor logits = reference::project(r64.out.student_hidden, c64.target.lm_head);  // (B, Q, V)
-  const at::Tensor top2 = std::get<0>(logits.topk(2, -1));                                 // (B, Q, 2)
+  const at::Tensor logits =
+      reference::project(r64.out.student_hidden, c64.target.lm_head);  // (B, Q, V)
+  const at::Tensor top2 = std::get<0>(logits.topk(2, -1));             // (B, Q, 2)
   const double scale = 1.0 + logits.abs().max().item<double>();
   const at::Tensor close = (top2.select(-1, 0) - top2.select(-1, 1)) < logit_noise * scale;
   const int64_t B = l.counted.size(0), N = l.counted.size(1) / bs;
@@ -128,11 +130,16 @@ ComparisonReport compare_steps(const StepResult& o, const std::vector<StepResult
     rep.rows.push_back(compare(name, get(o), s, get(r64), t));
   };
   const Tolerance nats = loss_tolerance(tol);
-  add("loss", [](const StepResult& r) { return r.out.loss; }, nats);
-  add("ce", [](const StepResult& r) { return r.out.ce; }, nats);
-  add("kl", [](const StepResult& r) { return r.out.kl; }, nats);
-  add("weight_sum", [](const StepResult& r) { return r.out.weight_sum; }, tol);
-  add("student_hidden", [](const StepResult& r) { return r.out.student_hidden; }, tol);
+  add(
+      "loss", [](const StepResult& r) { return r.out.loss; }, nats);
+  add(
+      "ce", [](const StepResult& r) { return r.out.ce; }, nats);
+  add(
+      "kl", [](const StepResult& r) { return r.out.kl; }, nats);
+  add(
+      "weight_sum", [](const StepResult& r) { return r.out.weight_sum; }, tol);
+  add(
+      "student_hidden", [](const StepResult& r) { return r.out.student_hidden; }, tol);
   // Metrics: per-slot hits and the accepted length, exact but for near ties.
   rep.rows.push_back(count_rule("metric.correct_per_slot", o.out.correct, r64.out.correct, ties));
   const int64_t bs = ties.numel();
@@ -141,7 +148,8 @@ ComparisonReport compare_steps(const StepResult& o, const std::vector<StepResult
   rep.rows.push_back(count_rule("metric.kept_blocks", o.out.kept_blocks, r64.out.kept_blocks,
                                 at::zeros({}, at::kLong)));
   for (size_t i = 0; i < r64.grads.size(); ++i)
-    add("grad." + r64.grads[i].first, [i](const StepResult& r) { return r.grads[i].second; }, tol);
+    add(
+        "grad." + r64.grads[i].first, [i](const StepResult& r) { return r.grads[i].second; }, tol);
   return rep;
 }
 
@@ -153,7 +161,8 @@ ComparisonReport step_parity(const StepFn& candidate, const Config& config, uint
   if (config.run.dtype == DType::kFloat64)
     return compare_steps(run_case(candidate, as_dtype(c64, DType::kFloat64)), {r64}, r64, rule.tol,
                          ties);
-  std::vector<StepResult> same = {run_case(reference::drafter_step, as_dtype(c64, config.run.dtype))};
+  std::vector<StepResult> same = {
+      run_case(reference::drafter_step, as_dtype(c64, config.run.dtype))};
   for (uint64_t k = 1; k <= 2; ++k)
     same.push_back(run_case(reference::drafter_step,
                             as_dtype(perturbed(c64, rule.rounding, k), config.run.dtype)));

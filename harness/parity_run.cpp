@@ -1,9 +1,9 @@
 #include "harness/parity_run.h"
 
+#include <fmt/format.h>
+
 #include <chrono>
 #include <cstdio>
-
-#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "core/safetensors.h"
@@ -39,15 +39,18 @@ void progress(const std::string& what) {
 }
 
 CheckRow property_row(const PropertyOutcome& o, const ParityOptions& opt) {
-  CheckRow r{o.name, o.passed, fmt::format("{} cases, seed {}", o.cases_passed, o.seed), o.seconds, ""};
+  CheckRow r{o.name, o.passed, fmt::format("{} cases, seed {}", o.cases_passed, o.seed), o.seconds,
+             ""};
   if (!o.passed) {
     r.figure = fmt::format("failed after {} cases (seed {}): {}", o.cases_passed, o.seed, o.size);
     r.detail = o.report;
     if (!o.counterexample.empty()) {
       const std::string path = fmt::format("{}/counterexample-{}.toml", opt.out_dir, o.name);
       safetensors::write_file_atomic(path, o.counterexample.substr(o.counterexample.find('[')));
-      r.detail += fmt::format("\nminimal counterexample written to {}\nreplay: dflash parity "
-                              "--reproduce {}\n", path, path);
+      r.detail += fmt::format(
+          "\nminimal counterexample written to {}\nreplay: dflash parity "
+          "--reproduce {}\n",
+          path, path);
     }
   }
   return r;
@@ -59,29 +62,39 @@ CheckRow audit_row(const std::string& name, const StepFn& fn, const Config& c) {
   const DrafterWeights w = fixtures::make_drafter(c);
   const StepInputs in = fixtures::make_step_inputs(c, target, 0);
   const AuditReport rep = audit_step(fn, c, w, target, in);
-  return {name, rep.ok(), fmt::format("{} tensors, {} findings, {} checkpointed regions",
-                                      rep.rows.size(), rep.findings.size(), rep.checkpoint_regions),
+  return {name, rep.ok(),
+          fmt::format("{} tensors, {} findings, {} checkpointed regions", rep.rows.size(),
+                      rep.findings.size(), rep.checkpoint_regions),
           since(t0), rep.ok() ? "" : rep.format()};
 }
 
 CheckRow memory_row(const std::string& name, const MemoryVerdict& v, double seconds) {
-  return {name, v.ok, fmt::format("peak {:.2f} MiB <= ceiling {:.2f} MiB", v.measured / 1048576.0,
-                                  v.ceiling / 1048576.0),
+  return {name, v.ok,
+          fmt::format("peak {:.2f} MiB <= ceiling {:.2f} MiB", v.measured / 1048576.0,
+                      v.ceiling / 1048576.0),
           seconds, v.ok ? "" : v.text};
 }
 
 void write_reports(const ParityOptions& o, const std::vector<CheckRow>& rows,
                    const std::vector<KillRow>& kills) {
   if (!o.json.empty()) {
-    nlohmann::json j = {{"cases", o.cases}, {"seed", o.seed}, {"checks", nlohmann::json::array()},
+    nlohmann::json j = {{"cases", o.cases},
+                        {"seed", o.seed},
+                        {"checks", nlohmann::json::array()},
                         {"zoo", nlohmann::json::array()}};
     for (const auto& r : rows)
-      j["checks"].push_back({{"name", r.name}, {"passed", r.passed}, {"figure", r.figure},
-                             {"seconds", r.seconds}, {"detail", r.detail}});
+      j["checks"].push_back({{"name", r.name},
+                             {"passed", r.passed},
+                             {"figure", r.figure},
+                             {"seconds", r.seconds},
+                             {"detail", r.detail}});
     for (const auto& k : kills)
-      j["zoo"].push_back({{"mutant", k.mutant.name}, {"failure_mode", k.mutant.failure_mode},
-                          {"meant_for", k.mutant.meant_for}, {"killed", k.killed},
-                          {"caught_by", k.caught_by}, {"counterexample", k.size},
+      j["zoo"].push_back({{"mutant", k.mutant.name},
+                          {"failure_mode", k.mutant.failure_mode},
+                          {"meant_for", k.mutant.meant_for},
+                          {"killed", k.killed},
+                          {"caught_by", k.caught_by},
+                          {"counterexample", k.size},
                           {"seconds", k.seconds}});
     safetensors::write_file_atomic(o.json, j.dump(2) + "\n");
   }
@@ -89,21 +102,29 @@ void write_reports(const ParityOptions& o, const std::vector<CheckRow>& rows,
     auto esc = [](std::string s) {
       std::string out;
       for (char ch : s) {
-        if (ch == '<') out += "&lt;";
-        else if (ch == '>') out += "&gt;";
-        else if (ch == '&') out += "&amp;";
-        else if (ch == '"') out += "&quot;";
-        else out += ch;
+        if (ch == '<')
+          out += "&lt;";
+        else if (ch == '>')
+          out += "&gt;";
+        else if (ch == '&')
+          out += "&amp;";
+        else if (ch == '"')
+          out += "&quot;";
+        else
+          out += ch;
       }
       return out;
     };
     int failures = 0;
     for (const auto& r : rows) failures += !r.passed;
-    std::string x = fmt::format("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuite name=\"dflash-parity\" "
-                                "tests=\"{}\" failures=\"{}\">\n", rows.size(), failures);
+    std::string x = fmt::format(
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuite name=\"dflash-parity\" "
+        "tests=\"{}\" failures=\"{}\">\n",
+        rows.size(), failures);
     for (const auto& r : rows) {
       x += fmt::format("  <testcase name=\"{}\" time=\"{:.3f}\">", esc(r.name), r.seconds);
-      if (!r.passed) x += fmt::format("<failure message=\"{}\">{}</failure>", esc(r.figure), esc(r.detail));
+      if (!r.passed)
+        x += fmt::format("<failure message=\"{}\">{}</failure>", esc(r.figure), esc(r.detail));
       x += "</testcase>\n";
     }
     x += "</testsuite>\n";
@@ -187,9 +208,11 @@ int run_parity(const ParityOptions& o) {
   fmt::print("\n{:<44} {:<6} {:>8}  {}\n", "check", "result", "seconds", "key figure");
   for (const auto& r : rows) {
     failed += !r.passed;
-    fmt::print("{:<44} {:<6} {:>8.2f}  {}\n", r.name, r.passed ? "pass" : "FAIL", r.seconds, r.figure);
+    fmt::print("{:<44} {:<6} {:>8.2f}  {}\n", r.name, r.passed ? "pass" : "FAIL", r.seconds,
+               r.figure);
   }
-  if (o.zoo) fmt::print("\nkill table (each SPEC.md failure mode as a mutant):\n{}", kill_table(kills));
+  if (o.zoo)
+    fmt::print("\nkill table (each SPEC.md failure mode as a mutant):\n{}", kill_table(kills));
   for (const auto& r : rows)
     if (!r.passed && !r.detail.empty()) fmt::print("\n--- {} ---\n{}\n", r.name, r.detail);
   write_reports(o, rows, kills);
@@ -203,7 +226,8 @@ int run_audit(const std::string& path, const std::string& build) {
   const TargetWeights target = fixtures::make_target(c);
   const DrafterWeights w = fixtures::make_drafter(c);
   const StepInputs in = fixtures::make_step_inputs(c, target, 0);
-  const StepFn fn = build == "optimized" ? StepFn(optimized::drafter_step) : StepFn(reference::drafter_step);
+  const StepFn fn =
+      build == "optimized" ? StepFn(optimized::drafter_step) : StepFn(reference::drafter_step);
   const AuditReport rep = audit_step(fn, c, w, target, in);
   fmt::print("audit of one {} step of {}\n{}", build, path, rep.format());
   return rep.ok() ? 0 : 1;

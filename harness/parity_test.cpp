@@ -12,8 +12,8 @@ namespace dflash::harness {
 namespace {
 
 void expect_passed(const PropertyOutcome& o) {
-  EXPECT_TRUE(o.passed) << o.name << " failed after " << o.cases_passed << " cases (seed "
-                        << o.seed << "), minimal case " << o.size << "\n"
+  EXPECT_TRUE(o.passed) << o.name << " failed after " << o.cases_passed << " cases (seed " << o.seed
+                        << "), minimal case " << o.size << "\n"
                         << o.report << "\nready-to-run counterexample:" << o.counterexample;
   EXPECT_GE(o.cases_passed, 100);
 }

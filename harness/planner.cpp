@@ -1,10 +1,9 @@
 #include "harness/planner.h"
 
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <algorithm>
-
-#include <fmt/format.h>
 
 #include "harness/memory.h"
 
@@ -33,7 +32,8 @@ std::vector<PlanVariant> standard_variants(const Config& c) {
   PlanVariant dense = base, unchunked = base, no_recompute = base;
   dense.name = "dense attention fallback", dense.dense_attention = true;
   unchunked.name = "unchunked loss (full logits)", unchunked.loss = LossMode::kUnchunked;
-  no_recompute.name = "chunked loss without recompute", no_recompute.loss = LossMode::kChunkedNoRecompute;
+  no_recompute.name = "chunked loss without recompute",
+  no_recompute.loss = LossMode::kChunkedNoRecompute;
   return {base, dense, unchunked, no_recompute};
 }
 
@@ -46,14 +46,16 @@ std::vector<PlanItem> drafter_items(const Config& c, const PlanVariant& v, int64
   const double P = double(drafter_param_count(c));
   using K = PlanItem::Kind;
   std::vector<PlanItem> it;
-  it.push_back({"drafter master weights", P * m, K::kPersistent, fmt::format("{} params x {} B", P, m)});
+  it.push_back(
+      {"drafter master weights", P * m, K::kPersistent, fmt::format("{} params x {} B", P, m)});
   it.push_back({"drafter gradients", P * m, K::kGradients, "params x master size"});
   if (with_optimizer)
     it.push_back({"AdamW moments", 2 * P * m, K::kPersistent, "2 x params x master size"});
   if (e != m)
     it.push_back({"compute copies of the weights", P * e, K::kSaved, "params x compute size"});
-  it.push_back({"frozen embedding + LM head", double((c.target.tie_word_embeddings ? 1 : 2) * V * H * e),
-                K::kPersistent, "(1 if tied else 2) V H e"});
+  it.push_back({"frozen embedding + LM head",
+                double((c.target.tie_word_embeddings ? 1 : 2) * V * H * e), K::kPersistent,
+                "(1 if tied else 2) V H e"});
   it.push_back({"target features + hidden (received)", double(B * S * ((L + 1) * H * e + 9)),
                 K::kPersistent, "B S ((L+1) H e + 9)"});
   if (c.topology.world_size > 1)
@@ -69,51 +71,67 @@ std::vector<PlanItem> drafter_items(const Config& c, const PlanVariant& v, int64
   // The attention backward runs after the layer's MLP backward has freed
   // the MLP's activations.
   const double mlp = mlp_share_bytes(B, Q, H, s.intermediate_size, e).bytes;
-  const double attention_bwd = std::max(0.0, (v.dense_attention ? dense.bytes : sparse.bytes) - mlp);
+  const double attention_bwd =
+      std::max(0.0, (v.dense_attention ? dense.bytes : sparse.bytes) - mlp);
   if (v.checkpoint) {
     const Formula ck = checkpointed_saved_bytes(Nd, B, Q, S, H, s.head_dim, e);
     it.push_back({"layer inputs (checkpointed)", ck.bytes, K::kSaved, ck.text});
     it.push_back({"recompute of one layer + its attention backward", layer.bytes + attention_bwd,
-                  K::kBackwardTransient, layer.text + " + max(0, attention working set - e(4BQI + 2BQH))"});
+                  K::kBackwardTransient,
+                  layer.text + " + max(0, attention working set - e(4BQI + 2BQH))"});
   } else {
-    it.push_back({fmt::format("activations of {} layers (not checkpointed)", Nd), double(Nd) * layer.bytes,
-                  K::kLayerSaved, "layers x (" + layer.text + ")"});
+    it.push_back({fmt::format("activations of {} layers (not checkpointed)", Nd),
+                  double(Nd) * layer.bytes, K::kLayerSaved, "layers x (" + layer.text + ")"});
     it.push_back({"embeddings, final norm input, RoPE tables (saved)",
                   double((3 * B * Q * H + 2 * B * (S + Q) * s.head_dim) * e), K::kSaved,
                   "3BQHe + 2B(S+Q) hd e"});
     if (v.dense_attention)
-      it.push_back({fmt::format("dense attention scores of {} layers (saved)", Nd), double(Nd) * dense.bytes,
-                    K::kLayerSaved, dense.text});
-    it.push_back({v.dense_attention ? "attention backward (dense, one layer)"
-                                    : "attention backward (sparse, one layer)",
-                  attention_bwd, K::kBackwardTransient,
-                  "max(0, " + (v.dense_attention ? dense.text : sparse.text) + " - e(4BQI + 2BQH))"});
+      it.push_back({fmt::format("dense attention scores of {} layers (saved)", Nd),
+                    double(Nd) * dense.bytes, K::kLayerSaved, dense.text});
+    it.push_back(
+        {v.dense_attention ? "attention backward (dense, one layer)"
+                           : "attention backward (sparse, one layer)",
+         attention_bwd, K::kBackwardTransient,
+         "max(0, " + (v.dense_attention ? dense.text : sparse.text) + " - e(4BQI + 2BQH))"});
   }
   const int64_t C = c.loss.chunk_size > 0 ? std::min(c.loss.chunk_size, B * Q) : B * Q;
   const bool kl = c.loss.kl_weight != 0;
   Formula loss;
-  if (v.loss == LossMode::kFused) loss = chunked_loss_bytes(B * Q, B * Q, H, V, C, kl, e);
-  else if (v.loss == LossMode::kChunkedNoRecompute) loss = chunked_no_recompute_loss_bytes(B * Q, V, C, kl, e);
-  else loss = unchunked_loss_bytes(B * Q, V, kl, e);
+  if (v.loss == LossMode::kFused)
+    loss = chunked_loss_bytes(B * Q, B * Q, H, V, C, kl, e);
+  else if (v.loss == LossMode::kChunkedNoRecompute)
+    loss = chunked_no_recompute_loss_bytes(B * Q, V, C, kl, e);
+  else
+    loss = unchunked_loss_bytes(B * Q, V, kl, e);
   const char* lname = v.loss == LossMode::kFused ? "loss working set (fused chunked)"
-                      : v.loss == LossMode::kChunkedNoRecompute ? "loss working set (chunked, no recompute)"
-                                                                : "loss working set (unchunked)";
+                      : v.loss == LossMode::kChunkedNoRecompute
+                          ? "loss working set (chunked, no recompute)"
+                          : "loss working set (unchunked)";
   it.push_back({lname, loss.bytes, K::kForwardTransient, loss.text});
   return it;
 }
 
-std::vector<PlanItem> target_items(const Config& c) {
+std::vector<PlanItem> target_items(const Config& c, bool dense_attention) {
   const int64_t e = elem(c.run.dtype), B = c.data.batch_size, S = c.data.seq_len;
   const LayerShape& t = c.target.shape;
-  const int64_t H = t.hidden_size, L = c.num_taps();
+  const int64_t H = t.hidden_size, L = c.num_taps(), nh = t.num_attention_heads;
+  const double layer =
+      double(B * S *
+             (3 * H + (nh + 2 * t.num_key_value_heads) * t.head_dim + 3 * t.intermediate_size) * e);
+  // Dense: the causal mask, three fp32 (B, nh, S, S) tensors (scores, masked,
+  // softmax) and K/V repeated to nh heads; tiled: one (B, nh, S) statistic.
+  const double attention =
+      dense_attention ? double(B * S) * double(S) + 3.0 * 4 * double(B * nh) * double(S) * double(S)
+                      : double(4 * B * nh * S);
   using K = PlanItem::Kind;
   return {
       {"target weights", double(target_param_count(c) * e), K::kPersistent,
        fmt::format("{} params x {} B", target_param_count(c), e)},
-      {"target forward working set (no grad, one layer, tiled attention)",
-       double(B * S * (3 * H + (t.num_attention_heads + 2 * t.num_key_value_heads) * t.head_dim +
-                       3 * t.intermediate_size) * e) + double(4 * B * t.num_attention_heads * S),
-       K::kForwardTransient, "B S (3H + (nh+2nkv) hd + 3I) e + 4 B nh S"},
+      {dense_attention ? "target forward working set (no grad, one layer, dense attention)"
+                       : "target forward working set (no grad, one layer, tiled attention)",
+       layer + attention, K::kForwardTransient,
+       dense_attention ? "B S (3H + (nh+2nkv) hd + 3I) e + B S^2 + 12 B nh S^2"
+                       : "B S (3H + (nh+2nkv) hd + 3I) e + 4 B nh S"},
       {"tapped features + final hidden (send queue of 2)", double(2 * B * S * (L + 1) * H * e),
        K::kPersistent, "2 B S (L+1) H e"},
   };
@@ -124,17 +142,30 @@ double peak_of(const std::vector<PlanItem>& items, int64_t layers, std::string* 
   double persistent = 0, grads = 0, saved = 0, layer_saved = 0, fwd = 0, bwd = 0, big = -1;
   for (const auto& i : items) {
     switch (i.kind) {
-      case K::kPersistent: persistent += i.bytes; break;
-      case K::kGradients: grads += i.bytes; break;
-      case K::kSaved: saved += i.bytes; break;
-      case K::kLayerSaved: layer_saved += i.bytes; break;
-      case K::kForwardTransient: fwd = std::max(fwd, i.bytes); break;
-      case K::kBackwardTransient: bwd = std::max(bwd, i.bytes); break;
+      case K::kPersistent:
+        persistent += i.bytes;
+        break;
+      case K::kGradients:
+        grads += i.bytes;
+        break;
+      case K::kSaved:
+        saved += i.bytes;
+        break;
+      case K::kLayerSaved:
+        layer_saved += i.bytes;
+        break;
+      case K::kForwardTransient:
+        fwd = std::max(fwd, i.bytes);
+        break;
+      case K::kBackwardTransient:
+        bwd = std::max(bwd, i.bytes);
+        break;
     }
     if (largest && i.bytes > big) big = i.bytes, *largest = i.name;
   }
   const double forward_end = persistent + saved + layer_saved + fwd;
-  const double backward = persistent + grads + saved + layer_saved / double(std::max<int64_t>(layers, 1)) + bwd;
+  const double backward =
+      persistent + grads + saved + layer_saved / double(std::max<int64_t>(layers, 1)) + bwd;
   return std::max(forward_end, backward);
 }
 
@@ -142,7 +173,7 @@ double machine_memory_bytes() {
   return double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
 }
 
-Plan plan_memory(const Config& c, const PlanVariant& v) {
+Plan plan_memory(const Config& c, const PlanVariant& v, bool dense_target_attention) {
   Plan p;
   p.variant = v;
   const auto& tp = c.topology;
@@ -153,13 +184,13 @@ Plan plan_memory(const Config& c, const PlanVariant& v) {
     const bool is_target = std::count(tp.target_ranks.begin(), tp.target_ranks.end(), r) > 0;
     const bool is_drafter = std::count(tp.drafter_ranks.begin(), tp.drafter_ranks.end(), r) > 0;
     rp.role = is_target && is_drafter ? "target+drafter" : is_target ? "target" : "drafter";
-    if (is_target) rp.items = target_items(c);
+    if (is_target) rp.items = target_items(c, dense_target_attention);
     if (is_drafter) {
       auto d = drafter_items(c, v, Q, true);
       rp.items.insert(rp.items.end(), d.begin(), d.end());
     }
-    rp.capacity = tp.device_memory_gb.empty() ? machine_memory_bytes()
-                                              : tp.device_memory_gb[size_t(r)] * 1e9;
+    rp.capacity =
+        tp.device_memory_gb.empty() ? machine_memory_bytes() : tp.device_memory_gb[size_t(r)] * 1e9;
     rp.reserve = tp.memory_reserve_gb * 1e9;
     rp.peak = peak_of(rp.items, c.drafter.num_hidden_layers, &rp.largest);
     rp.headroom = rp.capacity - rp.reserve - rp.peak;
@@ -186,18 +217,20 @@ std::string Plan::format(bool breakdown) const {
     const RankPlan& r = ranks[i];
     const std::string who = j - i > 1 ? fmt::format("ranks {}-{}", r.rank, ranks[j - 1].rank)
                                       : fmt::format("rank {}", r.rank);
-    s += fmt::format("  {} ({}): peak {:.2f} {} of {:.1f} {} (reserve {:.1f}), headroom {:+.2f} {}: "
-                     "{}; largest: {}\n",
-                     who, r.role, r.peak / 1e9, kGB, r.capacity / 1e9, kGB, r.reserve / 1e9,
-                     r.headroom / 1e9, kGB, r.fits ? "fits" : "OOM", r.largest);
+    s += fmt::format(
+        "  {} ({}): peak {:.2f} {} of {:.1f} {} (reserve {:.1f}), headroom {:+.2f} {}: "
+        "{}; largest: {}\n",
+        who, r.role, r.peak / 1e9, kGB, r.capacity / 1e9, kGB, r.reserve / 1e9, r.headroom / 1e9,
+        kGB, r.fits ? "fits" : "OOM", r.largest);
     if (breakdown)
       for (const auto& it : r.items)
-        s += fmt::format("      {:<66} {:>9.3f} {} {}\n", it.name, it.bytes / 1e9, kGB,
-                         it.kind == PlanItem::kForwardTransient || it.kind == PlanItem::kBackwardTransient
-                             ? "(transient)"
-                         : it.kind == PlanItem::kGradients ? "(backward)"
-                         : it.kind == PlanItem::kPersistent ? ""
-                                                            : "(saved)");
+        s += fmt::format(
+            "      {:<66} {:>9.3f} {} {}\n", it.name, it.bytes / 1e9, kGB,
+            it.kind == PlanItem::kForwardTransient || it.kind == PlanItem::kBackwardTransient
+                ? "(transient)"
+            : it.kind == PlanItem::kGradients  ? "(backward)"
+            : it.kind == PlanItem::kPersistent ? ""
+                                               : "(saved)");
     i = j;
   }
   return s;
@@ -206,11 +239,13 @@ std::string Plan::format(bool breakdown) const {
 std::vector<Figure> spec_figures(const Config& c) {
   const int64_t e = elem(c.run.dtype), Q = full_q(c) * c.data.batch_size, V = c.target.vocab_size;
   const int64_t C = c.loss.chunk_size > 0 ? c.loss.chunk_size : Q;
-  const Formula dense = dense_scores_one_copy(c.data.batch_size, c.drafter.shape.num_attention_heads,
-                                              full_q(c), c.data.seq_len);
+  const Formula dense = dense_scores_one_copy(
+      c.data.batch_size, c.drafter.shape.num_attention_heads, full_q(c), c.data.seq_len);
   return {
-      {"one loss chunk of logits", double(C) * double(V) * double(e), fmt::format("C V e = {} x {} x {}", C, V, e)},
-      {"unchunked fp32 logits", 4.0 * double(Q) * double(V), fmt::format("4 Q V = 4 x {} x {}", Q, V)},
+      {"one loss chunk of logits", double(C) * double(V) * double(e),
+       fmt::format("C V e = {} x {} x {}", C, V, e)},
+      {"unchunked fp32 logits", 4.0 * double(Q) * double(V),
+       fmt::format("4 Q V = 4 x {} x {}", Q, V)},
       {"dense attention scores (fp32, one copy)", dense.bytes, dense.text},
       {"every chunk's logits kept (no recompute)", double(Q) * double(V) * double(e),
        fmt::format("Q V e = {} x {} x {}", Q, V, e)},

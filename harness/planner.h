@@ -43,7 +43,7 @@ struct PlanItem {
 
 struct RankPlan {
   int64_t rank = 0;
-  std::string role;  // "target", "drafter", or "target+drafter"
+  std::string role;                  // "target", "drafter", or "target+drafter"
   double capacity = 0, reserve = 0;  // bytes
   std::vector<PlanItem> items;
   double peak = 0;
@@ -63,13 +63,17 @@ struct Plan {
 // state included or not. Also used by the calibration test.
 std::vector<PlanItem> drafter_items(const Config& c, const PlanVariant& v, int64_t Q,
                                     bool with_optimizer);
+// The target rank. A production target runs a tiled (flash-style) causal
+// attention; dflash's own target forward (reference::target_forward) is
+// dense, with (B, nh, S, S) fp32 scores: pass dense_attention for a plan of
+// what dflash itself would run (preflight's local real step).
+std::vector<PlanItem> target_items(const Config& c, bool dense_attention = false);
 // layers: how many layers share the kLayerSaved items (one layer's share
 // remains during the first layer's backward).
-std::vector<PlanItem> target_items(const Config& c);
 double peak_of(const std::vector<PlanItem>& items, int64_t layers = 1,
                std::string* largest = nullptr);
 
-Plan plan_memory(const Config& c, const PlanVariant& v);
+Plan plan_memory(const Config& c, const PlanVariant& v, bool dense_target_attention = false);
 
 // The single-tensor figures of SPEC.md, at the config's sizes.
 struct Figure {

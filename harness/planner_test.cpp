@@ -1,9 +1,10 @@
 // The planner: hand-computed cases, and the seed configuration's SPEC.md
 // figures and verdicts.
+#include "harness/planner.h"
+
 #include <gtest/gtest.h>
 
 #include "harness/memory.h"
-#include "harness/planner.h"
 
 namespace dflash::harness {
 namespace {
@@ -22,19 +23,22 @@ double figure(const Config& c, const std::string& name) {
 
 TEST(Planner, SeedReproducesSpecFigures) {
   const Config c = seed();
-  EXPECT_NEAR(figure(c, "one loss chunk of logits") / 1e9, 1.0, 0.05);                 // "about 1 GB"
-  EXPECT_NEAR(figure(c, "unchunked fp32 logits") / 1e9, 32.5, 0.05);                   // 32.5 GB
+  EXPECT_NEAR(figure(c, "one loss chunk of logits") / 1e9, 1.0, 0.05);  // "about 1 GB"
+  EXPECT_NEAR(figure(c, "unchunked fp32 logits") / 1e9, 32.5, 0.05);    // 32.5 GB
   EXPECT_NEAR(figure(c, "dense attention scores (fp32, one copy)") / 1e9, 343.6, 0.05);  // 343.6 GB
-  EXPECT_NEAR(figure(c, "dense attention scores (fp32, one copy)") / (1 << 30), 320.0, 0.05);  // 320 GiB
-  EXPECT_GT(figure(c, "every chunk's logits kept (no recompute)") / 1e9, 16.0);        // "over 16 GB"
+  EXPECT_NEAR(figure(c, "dense attention scores (fp32, one copy)") / (1 << 30), 320.0,
+              0.05);                                                             // 320 GiB
+  EXPECT_GT(figure(c, "every chunk's logits kept (no recompute)") / 1e9, 16.0);  // "over 16 GB"
 }
 
 TEST(Planner, SeedVerdicts) {
   const Config c = seed();
   for (const PlanVariant& v : standard_variants(c)) {
     const Plan p = plan_memory(c, v);
-    if (v.name == "configured") EXPECT_TRUE(p.fits()) << p.format(true);
-    else EXPECT_FALSE(p.fits()) << v.name << " should be OOM\n" << p.format(true);
+    if (v.name == "configured")
+      EXPECT_TRUE(p.fits()) << p.format(true);
+    else
+      EXPECT_FALSE(p.fits()) << v.name << " should be OOM\n" << p.format(true);
   }
   // The split: 5 target ranks and 3 drafter ranks, each 95 GB.
   const Plan p = plan_memory(c, configured_variant(c));
@@ -63,9 +67,12 @@ TEST(Planner, ParameterCountsByHand) {
 
 TEST(Planner, PeakIsTheLargerOfForwardEndAndBackward) {
   using K = PlanItem::Kind;
-  std::vector<PlanItem> items = {{"w", 10, K::kPersistent, ""},   {"g", 4, K::kGradients, ""},
-                                 {"ctx", 2, K::kSaved, ""},       {"layers", 6, K::kLayerSaved, ""},
-                                 {"loss", 7, K::kForwardTransient, ""}, {"attn", 3, K::kBackwardTransient, ""}};
+  std::vector<PlanItem> items = {{"w", 10, K::kPersistent, ""},
+                                 {"g", 4, K::kGradients, ""},
+                                 {"ctx", 2, K::kSaved, ""},
+                                 {"layers", 6, K::kLayerSaved, ""},
+                                 {"loss", 7, K::kForwardTransient, ""},
+                                 {"attn", 3, K::kBackwardTransient, ""}};
   std::string largest;
   // forward end 10 + 2 + 6 + 7 = 25; backward 10 + 4 + 2 + 6/3 + 3 = 21.
   EXPECT_DOUBLE_EQ(peak_of(items, 3, &largest), 25);

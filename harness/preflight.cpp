@@ -1,12 +1,11 @@
 #include "harness/preflight.h"
 
+#include <fmt/format.h>
 #include <rapidcheck.h>
 
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-
-#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "core/safetensors.h"
@@ -49,7 +48,9 @@ class Preflight {
     rows_.push_back(r);
     return r.result != "FAIL";
   }
-  void not_run(const std::string& name) { rows_.push_back({name, "not run", "an earlier check failed", 0, ""}); }
+  void not_run(const std::string& name) {
+    rows_.push_back({name, "not run", "an earlier check failed", 0, ""});
+  }
   int finish() const;
 
  private:
@@ -65,21 +66,26 @@ int Preflight::finish() const {
     fmt::print("{:<34} {:<8} {:>8.2f}  {}\n", r.check, r.result, r.seconds, r.figure);
   }
   for (const Row& r : rows_)
-    if (r.result == "FAIL" && !r.detail.empty()) fmt::print("\n--- {} ---\n{}\n", r.check, r.detail);
+    if (r.result == "FAIL" && !r.detail.empty())
+      fmt::print("\n--- {} ---\n{}\n", r.check, r.detail);
   fmt::print("\npreflight: {}\n", failed ? "FAILED" : "ok");
   if (!o_.json.empty()) {
-    nlohmann::json j = {{"config", o_.config}, {"passed", failed == 0}, {"checks", nlohmann::json::array()}};
+    nlohmann::json j = {
+        {"config", o_.config}, {"passed", failed == 0}, {"checks", nlohmann::json::array()}};
     for (const Row& r : rows_)
-      j["checks"].push_back({{"check", r.check}, {"result", r.result}, {"figure", r.figure},
-                             {"seconds", r.seconds}, {"detail", r.detail}});
+      j["checks"].push_back({{"check", r.check},
+                             {"result", r.result},
+                             {"figure", r.figure},
+                             {"seconds", r.seconds},
+                             {"detail", r.detail}});
     safetensors::write_file_atomic(o_.json, j.dump(2) + "\n");
   }
   return failed ? 1 : 0;
 }
 
 std::string human(double bytes) {
-  if (bytes >= 1e9) return fmt::format("{:.2f} GB", bytes / 1e9);
-  return fmt::format("{:.2f} MB", bytes / 1e6);
+  if (std::abs(bytes) >= 1e9) return fmt::format("{:+.2f} GB", bytes / 1e9);
+  return fmt::format("{:+.2f} MB", bytes / 1e6);
 }
 
 int64_t round_scaled(int64_t value, double scale) {
@@ -111,7 +117,8 @@ Config scaled_twin(const Config& c) {
   t.drafter.num_hidden_layers = std::min<int64_t>(c.drafter.num_hidden_layers, 2);
   t.drafter.shape = twin_shape(c.drafter.shape);
   t.drafter.target_layer_ids.clear();
-  for (int64_t i = 0; i < std::min<int64_t>(c.num_taps(), 2); ++i) t.drafter.target_layer_ids.push_back(1 + 2 * i);
+  for (int64_t i = 0; i < std::min<int64_t>(c.num_taps(), 2); ++i)
+    t.drafter.target_layer_ids.push_back(1 + 2 * i);
   t.drafter.init_std = 0.2;
   t.drafter.norm_init_jitter = 0.1;
   t.data.source = "fixture";
@@ -126,88 +133,122 @@ Config scaled_twin(const Config& c) {
   // The chunk keeps its ratio to the draft positions (0 stays whole-Q).
   const double q_ratio = double(t.data.max_anchors) / double(c.data.max_anchors);
   t.loss.chunk_size = c.loss.chunk_size == 0 ? 0 : round_scaled(c.loss.chunk_size, q_ratio);
-  t.optimized.attention_tile =
-      round_scaled(c.optimized.attention_tile, double(t.data.seq_len) / double(c.data.seq_len));
+  // The tile keeps its ratio to S, but at least 2 keys and at most a third of
+  // the twin's context, so tiles stay multi-column and ragged as at scale.
+  t.optimized.attention_tile = std::clamp<int64_t>(
+      round_scaled(c.optimized.attention_tile, double(t.data.seq_len) / double(c.data.seq_len)), 2,
+      t.data.seq_len / 3);
   t.topology = TopologyConfig{};
   validate_config(t);
   return t;
 }
 
+namespace {
+
+// What the checks after the config share.
+struct Subject {
+  Config config, twin;
+  StepFn step = optimized::drafter_step;
+  optimized::Components parts = optimized::real_components();
+};
+
+void plan_check(Row& r, const Subject& s) {
+  const Plan p = plan_memory(s.config, configured_variant(s.config));
+  double worst = 1e300, peak = 0;
+  for (const auto& rk : p.ranks)
+    worst = std::min(worst, rk.headroom), peak = std::max(peak, rk.peak);
+  r.figure = fmt::format("{}: largest rank peak {}, worst headroom {}", p.fits() ? "fits" : "OOM",
+                         human(peak).substr(1), human(worst));
+  if (!p.fits()) r.result = "FAIL", r.detail = p.format(true);
+}
+
+// The twin under fresh seeds: new batches, anchors and weights each case.
+void twin_parity_check(Row& r, const Subject& s, const PreflightOptions& o) {
+  const PropertyOutcome out =
+      run_property_public("twin parity", {o.cases, o.seed}, [&](std::string* size) {
+        Config t = s.twin;
+        t.run.seed = *rc::gen::inRange<uint64_t>(0, 1u << 30);
+        *size = config_size(t);
+        const ComparisonReport rep = step_parity(s.step, t, *rc::gen::inRange<uint64_t>(0, 100));
+        return rep.ok() ? std::string() : rep.format(config_to_toml(t));
+      });
+  r.figure = fmt::format("{} cases of {}", out.cases_passed, config_size(s.twin));
+  if (!out.passed) r.result = "FAIL", r.detail = out.report;
+}
+
+void twin_audit_check(Row& r, const Subject& s) {
+  const TargetWeights target = fixtures::make_target(s.twin);
+  const DrafterWeights w = fixtures::make_drafter(s.twin);
+  const StepInputs in = fixtures::make_step_inputs(s.twin, target, 0);
+  const AuditReport rep = audit_step(s.step, s.twin, w, target, in);
+  r.figure = fmt::format("{} tensors, {} findings", rep.rows.size(), rep.findings.size());
+  if (!rep.ok()) r.result = "FAIL", r.detail = rep.format();
+}
+
+void memory_check(Row& r, const Subject& s) {
+  const MemoryVerdict loss = loss_memory_check(s.parts.loss);
+  const MemoryVerdict att =
+      attention_memory_check([&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                 const Anchors& a, int64_t S, int64_t bs, int64_t tile) {
+        return s.parts.attention(q, k, v, a, S, bs, tile);
+      });
+  r.figure =
+      fmt::format("loss {:.2f}/{:.2f} MiB, attention {:.2f}/{:.2f} MiB", loss.measured / 1048576,
+                  loss.ceiling / 1048576, att.measured / 1048576, att.ceiling / 1048576);
+  if (!loss.ok || !att.ok) r.result = "FAIL", r.detail = loss.text + "\n" + att.text;
+}
+
+// This machine as one process running the target and one drafter step;
+// dflash's own target forward is dense, so that is what is planned.
+void real_step_check(Row& r, const Subject& s) {
+  Config local = s.config;
+  local.topology = TopologyConfig{};
+  const Plan p = plan_memory(local, configured_variant(local), /*dense_target_attention=*/true);
+  const double need = p.ranks[0].peak, have = machine_memory_bytes() * 0.8;
+  if (need > have) {
+    r.result = "skip";
+    r.figure =
+        fmt::format("needs {:.1f} GB here, this machine offers {:.1f} GB", need / 1e9, have / 1e9);
+    return;
+  }
+  const TargetWeights target = fixtures::make_target(s.config);
+  const DrafterWeights w = fixtures::make_drafter(s.config);
+  const StepInputs in = fixtures::make_step_inputs(s.config, target, 0);
+  const StepResult res = run_step(s.step, s.config, w, target.frozen(), in);
+  const double loss = res.out.loss.item<double>();
+  r.figure =
+      fmt::format("loss {:.6f}, grad norm {:.4e}, tau {:.3f}", loss, res.grad_norm, res.out.tau());
+  if (!std::isfinite(loss) || !std::isfinite(res.grad_norm))
+    r.result = "FAIL", r.detail = "non-finite loss or gradient norm";
+}
+
+}  // namespace
+
 int run_preflight(const PreflightOptions& o) {
   Preflight pf(o);
-  Config c;
-  if (!pf.check("config", [&](Row& r) {
-        c = load_config(o.config);
-        r.figure = fmt::format("valid: {} drafter layers, Q = {}, {}", c.drafter.num_hidden_layers,
-                               c.data.max_anchors * c.data.block_size, dtype_name(c.run.dtype));
-      })) {
-    for (const char* n : {"memory plan", "twin parity", "twin audit", "memory ceilings", "real step"})
+  Subject s;
+  const bool ready = pf.check("config", [&](Row& r) {
+    s.config = load_config(o.config);
+    r.figure = fmt::format(
+        "valid: {} drafter layers, Q = {}, {}", s.config.drafter.num_hidden_layers,
+        s.config.data.max_anchors * s.config.data.block_size, dtype_name(s.config.run.dtype));
+  }) && pf.check("twin and components", [&](Row& r) {
+    if (!o.mutant.empty()) s.step = mutant_step(o.mutant), s.parts = mutant_components(o.mutant);
+    s.twin = scaled_twin(s.config);
+    r.figure = fmt::format("{}{}", config_size(s.twin),
+                           o.mutant.empty() ? "" : ", mutant " + o.mutant + " (test hook)");
+  });
+  if (!ready) {
+    for (const char* n :
+         {"memory plan", "twin parity", "twin audit", "memory ceilings", "real step"})
       pf.not_run(n);
     return pf.finish();
   }
-  const StepFn step = o.mutant.empty() ? StepFn(optimized::drafter_step) : mutant_step(o.mutant);
-  const optimized::Components parts =
-      o.mutant.empty() ? optimized::real_components() : mutant_components(o.mutant);
-  pf.check("memory plan", [&](Row& r) {
-    const Plan p = plan_memory(c, configured_variant(c));
-    double worst = 1e300;
-    for (const auto& rk : p.ranks) worst = std::min(worst, rk.headroom);
-    double peak = 0;
-    for (const auto& rk : p.ranks) peak = std::max(peak, rk.peak);
-    r.figure = fmt::format("{}: largest rank peak {}, worst headroom {}", p.fits() ? "fits" : "OOM",
-                           human(peak), human(worst));
-    if (!p.fits()) r.result = "FAIL", r.detail = p.format(true);
-  });
-  const Config twin = scaled_twin(c);
-  pf.check("twin parity", [&](Row& r) {
-    // The twin under fresh seeds (new batches, anchors and weights each case).
-    const PropertyOutcome out = run_property_public("twin parity", {o.cases, o.seed}, [&](std::string* size) {
-      Config t = twin;
-      t.run.seed = *rc::gen::inRange<uint64_t>(0, 1u << 30);
-      *size = config_size(t);
-      const ComparisonReport rep = step_parity(step, t, *rc::gen::inRange<uint64_t>(0, 100));
-      return rep.ok() ? std::string() : rep.format(config_to_toml(t));
-    });
-    r.figure = fmt::format("{} cases of {}", out.cases_passed, config_size(twin));
-    if (!out.passed) r.result = "FAIL", r.detail = out.report;
-  });
-  pf.check("twin audit", [&](Row& r) {
-    const TargetWeights target = fixtures::make_target(twin);
-    const DrafterWeights w = fixtures::make_drafter(twin);
-    const StepInputs in = fixtures::make_step_inputs(twin, target, 0);
-    const AuditReport rep = audit_step(step, twin, w, target, in);
-    r.figure = fmt::format("{} tensors, {} findings", rep.rows.size(), rep.findings.size());
-    if (!rep.ok()) r.result = "FAIL", r.detail = rep.format();
-  });
-  pf.check("memory ceilings", [&](Row& r) {
-    const MemoryVerdict loss = loss_memory_check(parts.loss);
-    const MemoryVerdict att = attention_memory_check(
-        [&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const Anchors& a,
-            int64_t S, int64_t bs, int64_t tile) { return parts.attention(q, k, v, a, S, bs, tile); });
-    r.figure = fmt::format("loss {:.2f}/{:.2f} MiB, attention {:.2f}/{:.2f} MiB", loss.measured / 1048576,
-                           loss.ceiling / 1048576, att.measured / 1048576, att.ceiling / 1048576);
-    if (!loss.ok || !att.ok) r.result = "FAIL", r.detail = loss.text + "\n" + att.text;
-  });
-  pf.check("real step", [&](Row& r) {
-    // This machine as one process running the target and one drafter step.
-    Config local = c;
-    local.topology = TopologyConfig{};
-    const Plan p = plan_memory(local, configured_variant(local));
-    const double need = p.ranks[0].peak, have = machine_memory_bytes() * 0.8;
-    if (need > have) {
-      r.result = "skip";
-      r.figure = fmt::format("needs {:.1f} GB here, this machine offers {:.1f} GB", need / 1e9, have / 1e9);
-      return;
-    }
-    const TargetWeights target = fixtures::make_target(c);
-    const DrafterWeights w = fixtures::make_drafter(c);
-    const StepInputs in = fixtures::make_step_inputs(c, target, 0);
-    const StepResult res = run_step(step, c, w, target.frozen(), in);
-    const double loss = res.out.loss.item<double>();
-    bool finite = std::isfinite(loss) && std::isfinite(res.grad_norm);
-    r.figure = fmt::format("loss {:.6f}, grad norm {:.4e}, tau {:.3f}", loss, res.grad_norm, res.out.tau());
-    if (!finite) r.result = "FAIL", r.detail = "non-finite loss or gradient norm";
-  });
+  pf.check("memory plan", [&](Row& r) { plan_check(r, s); });
+  pf.check("twin parity", [&](Row& r) { twin_parity_check(r, s, o); });
+  pf.check("twin audit", [&](Row& r) { twin_audit_check(r, s); });
+  pf.check("memory ceilings", [&](Row& r) { memory_check(r, s); });
+  pf.check("real step", [&](Row& r) { real_step_check(r, s); });
   return pf.finish();
 }
 

@@ -20,7 +20,7 @@ namespace dflash::harness {
 struct PreflightOptions {
   std::string config;
   std::string json;
-  int cases = 100;    // per parity property
+  int cases = 100;  // per parity property
   uint64_t seed = 1;
   // Test hook: replace the optimized step's components with a bug-zoo mutant.
   std::string mutant;

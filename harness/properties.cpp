@@ -1,11 +1,10 @@
 #include "harness/properties.h"
 
+#include <fmt/format.h>
 #include <rapidcheck.h>
 
 #include <chrono>
 #include <cstdlib>
-
-#include <fmt/format.h>
 
 #include "harness/generators.h"
 #include "harness/parity.h"
@@ -31,14 +30,14 @@ PropertyOutcome run_property(const std::string& name, const PropertyRun& run,
   params.maxSize = 100;
   rc::detail::TestMetadata meta;
   meta.id = meta.description = name;
-  const rc::detail::TestResult result = rc::detail::checkProperty(
-      rc::detail::toProperty([&] {
-        std::string size;
-        const std::string report = body(&size);
-        if (!report.empty()) last_report = report, last_size = size;
-        RC_ASSERT(report.empty());
-      }),
-      meta, params);
+  const rc::detail::TestResult result =
+      rc::detail::checkProperty(rc::detail::toProperty([&] {
+                                  std::string size;
+                                  const std::string report = body(&size);
+                                  if (!report.empty()) last_report = report, last_size = size;
+                                  RC_ASSERT(report.empty());
+                                }),
+                                meta, params);
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (result.is<rc::detail::SuccessResult>()) {
     out.passed = true;
@@ -68,13 +67,12 @@ PropertyOutcome run_property_public(const std::string& name, const PropertyRun& 
 
 std::string config_size(const Config& c) {
   const int64_t Q = c.data.max_anchors * c.data.block_size;
-  return fmt::format("B={} S={} Q<={} bs={} H={} V={} layers={} chunk={} {}{}{}{}",
-                     c.data.batch_size, c.data.seq_len, Q, c.data.block_size,
-                     c.drafter.shape.hidden_size, c.target.vocab_size,
-                     c.drafter.num_hidden_layers, c.loss.chunk_size, dtype_name(c.run.dtype),
-                     c.optimized.chunked_loss ? " chunked" : "",
-                     c.optimized.sparse_attention ? " sparse" : "",
-                     c.optimized.checkpoint_layers ? " checkpointed" : "");
+  return fmt::format(
+      "B={} S={} Q<={} bs={} H={} V={} layers={} chunk={} {}{}{}{}", c.data.batch_size,
+      c.data.seq_len, Q, c.data.block_size, c.drafter.shape.hidden_size, c.target.vocab_size,
+      c.drafter.num_hidden_layers, c.loss.chunk_size, dtype_name(c.run.dtype),
+      c.optimized.chunked_loss ? " chunked" : "", c.optimized.sparse_attention ? " sparse" : "",
+      c.optimized.checkpoint_layers ? " checkpointed" : "");
 }
 
 PropertyOutcome check_step_parity(const StepFn& candidate, const PropertyRun& run,

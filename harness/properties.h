@@ -21,10 +21,10 @@ struct PropertyRun {
 struct PropertyOutcome {
   std::string name;
   bool passed = false;
-  int cases_passed = 0;     // before the first failure, or all of them
-  std::string report;       // comparison table of the minimal failing case
+  int cases_passed = 0;        // before the first failure, or all of them
+  std::string report;          // comparison table of the minimal failing case
   std::string counterexample;  // minimal failing case (TOML for step properties)
-  std::string size;         // its dimensions, one line
+  std::string size;            // its dimensions, one line
   uint64_t seed = 0;
   double seconds = 0;
 };
@@ -33,9 +33,9 @@ struct PropertyOutcome {
 using LossFn = std::function<StepOutputs(const Config&, const at::Tensor& student_hidden,
                                          const at::Tensor& target_hidden, const at::Tensor& lm_head,
                                          const DraftLayout&, const Anchors&)>;
-using AttentionFn = std::function<at::Tensor(const at::Tensor& q, const at::Tensor& k,
-                                             const at::Tensor& v, const Anchors& a,
-                                             int64_t seq_len, int64_t block_size, int64_t tile)>;
+using AttentionFn =
+    std::function<at::Tensor(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                             const Anchors& a, int64_t seq_len, int64_t block_size, int64_t tile)>;
 using CheckpointImpl =
     std::function<at::Tensor(const optimized::CheckpointContract&, const optimized::CheckpointFn&)>;
 

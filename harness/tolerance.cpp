@@ -20,8 +20,9 @@ Comparison compare(const std::string& name, const at::Tensor& candidate,
   for (const at::Tensor& t : same_precision) same_defined = same_defined && t.defined();
   if (!ref64.defined() || !candidate.defined() || !same_defined) {
     c.ok = !ref64.defined() && !candidate.defined();
-    c.message = c.ok ? "" : fmt::format("defined: candidate {}, same-precision {}, float64 {}",
-                                        candidate.defined(), same_defined, ref64.defined());
+    c.message = c.ok ? ""
+                     : fmt::format("defined: candidate {}, same-precision {}, float64 {}",
+                                   candidate.defined(), same_defined, ref64.defined());
     return c;
   }
   if (candidate.sizes() != ref64.sizes()) {
@@ -51,10 +52,11 @@ Comparison compare(const std::string& name, const at::Tensor& candidate,
 
 std::string Comparison::describe() const {
   if (!message.empty()) return fmt::format("{:<44} {} {}", name, ok ? "ok  " : "FAIL", message);
-  return fmt::format("{:<44} {} max_abs {:.3e} <= {:.3e}? (same-precision {:.3e}) rel {:.2e} "
-                     "worst [{}] {:.9g} vs {:.9g}",
-                     name, ok ? "ok  " : "FAIL", err, bound, err_same, rel_err, worst_index,
-                     worst_candidate, worst_reference);
+  return fmt::format(
+      "{:<44} {} max_abs {:.3e} <= {:.3e}? (same-precision {:.3e}) rel {:.2e} "
+      "worst [{}] {:.9g} vs {:.9g}",
+      name, ok ? "ok  " : "FAIL", err, bound, err_same, rel_err, worst_index, worst_candidate,
+      worst_reference);
 }
 
 bool ComparisonReport::ok() const {

@@ -21,13 +21,13 @@ struct Tolerance {
 struct Comparison {
   std::string name;
   bool ok = false;
-  double err = 0;        // max |candidate - ref64|
-  double err_same = 0;   // max |same-precision reference - ref64|
-  double bound = 0;      // k * err_same + floor
-  double rel_err = 0;    // err / max |ref64|
+  double err = 0;       // max |candidate - ref64|
+  double err_same = 0;  // max |same-precision reference - ref64|
+  double bound = 0;     // k * err_same + floor
+  double rel_err = 0;   // err / max |ref64|
   int64_t worst_index = -1;
   double worst_candidate = 0, worst_reference = 0;
-  std::string message;   // filled when the comparison could not be made
+  std::string message;  // filled when the comparison could not be made
   std::string describe() const;
 };
 

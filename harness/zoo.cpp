@@ -1,8 +1,8 @@
 #include "harness/zoo.h"
 
-#include <chrono>
-
 #include <fmt/format.h>
+
+#include <chrono>
 
 #include "core/alloc_probe.h"
 #include "fixtures/fixtures.h"
@@ -42,10 +42,11 @@ at::Tensor anchor_visible(const at::Tensor& q, const at::Tensor& k, const at::Te
 // keep = false blocks average every value instead of outputting 0.
 at::Tensor keep_false_averages(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                const Anchors& a, int64_t S, int64_t bs, int64_t tile) {
-  const at::Tensor out = real_sparse(q, k, v, a, S, bs, tile);      // (B, nh, Q, hd)
+  const at::Tensor out = real_sparse(q, k, v, a, S, bs, tile);  // (B, nh, Q, hd)
   const int64_t G = q.size(1) / k.size(1);
   const at::Tensor mean = v.mean(2, true).repeat_interleave(G, 1);  // (B, nh, 1, hd)
-  const at::Tensor dropped = a.keep.logical_not().repeat_interleave(bs, 1).view({q.size(0), 1, -1, 1});
+  const at::Tensor dropped =
+      a.keep.logical_not().repeat_interleave(bs, 1).view({q.size(0), 1, -1, 1});
   return at::where(dropped, mean.expand_as(out), out);
 }
 
@@ -64,8 +65,9 @@ struct FirstElementGrad : public torch::autograd::Function<FirstElementGrad> {
     at::AutoGradMode on(true);
     std::vector<at::Tensor> in = {s[0].detach().requires_grad_(), s[1].detach().requires_grad_(),
                                   s[2].detach().requires_grad_()};
-    const at::Tensor out = real_sparse(in[0], in[1], in[2], {s[3], s[4]}, ctx->saved_data["S"].toInt(),
-                                       ctx->saved_data["bs"].toInt(), ctx->saved_data["tile"].toInt());
+    const at::Tensor out =
+        real_sparse(in[0], in[1], in[2], {s[3], s[4]}, ctx->saved_data["S"].toInt(),
+                    ctx->saved_data["bs"].toInt(), ctx->saved_data["tile"].toInt());
     const at::Tensor first = g[0].reshape(-1)[0].expand_as(g[0]);  // the mutation
     auto grads = torch::autograd::grad({out}, in, {first});
     return {grads[0], grads[1], grads[2], {}, {}, {}, {}, {}};
@@ -143,17 +145,20 @@ StepOutputs chunk_logits_alive(const Config& c, const at::Tensor& D, const at::T
                                const at::Tensor& W, const DraftLayout& l, const Anchors& a) {
   const int64_t B = D.size(0), Q = D.size(1), H = D.size(2), S = Ht.size(1);
   const at::Tensor rows = (l.weights.reshape(-1) > 0).nonzero().reshape(-1);
-  const int64_t M = rows.numel(), C = std::max<int64_t>(1, c.loss.chunk_size > 0 ? c.loss.chunk_size : M);
+  const int64_t M = rows.numel(),
+                C = std::max<int64_t>(1, c.loss.chunk_size > 0 ? c.loss.chunk_size : M);
   const at::Tensor Df = D.reshape({B * Q, H}), Hf = Ht.reshape({B * S, H});
-  const at::Tensor trows = (at::arange(B, at::kLong).repeat_interleave(Q) * S +
-                            l.teacher_index.reshape(-1)).index_select(0, rows);
+  const at::Tensor trows =
+      (at::arange(B, at::kLong).repeat_interleave(Q) * S + l.teacher_index.reshape(-1))
+          .index_select(0, rows);
   const at::Tensor labels = l.labels.reshape(-1).index_select(0, rows);
   const at::Tensor w = l.weights.reshape(-1).index_select(0, rows).to(D.scalar_type());
   at::Tensor num = at::zeros({}, D.scalar_type()), ce_sum = num.clone(), kl_sum = num.clone();
   at::Tensor hit = at::zeros({B * Q}, at::kBool);
   for (int64_t c0 = 0; c0 < M; c0 += C) {
     const int64_t n = std::min(C, M - c0);
-    const at::Tensor z = reference::project(Df.index_select(0, rows.narrow(0, c0, n)), W);  // kept alive
+    const at::Tensor z =
+        reference::project(Df.index_select(0, rows.narrow(0, c0, n)), W);  // kept alive
     const at::Tensor lab = labels.narrow(0, c0, n), wc = w.narrow(0, c0, n);
     const at::Tensor ce = at::logsumexp(z, -1) - z.gather(1, lab.unsqueeze(1)).squeeze(1);
     at::Tensor kl = at::zeros_like(ce);
@@ -170,7 +175,8 @@ StepOutputs chunk_logits_alive(const Config& c, const at::Tensor& D, const at::T
   StepOutputs o;
   o.weight_sum = w.sum().detach();
   const at::Tensor den = at::where(o.weight_sum > 0, o.weight_sum, at::ones_like(o.weight_sum));
-  o.loss = num / den, o.ce = ce_sum / den, o.kl = kl_sum / den, o.ce_sum = ce_sum, o.kl_sum = kl_sum;
+  o.loss = num / den, o.ce = ce_sum / den, o.kl = kl_sum / den, o.ce_sum = ce_sum,
+  o.kl_sum = kl_sum;
   o.set_metrics(slot_metrics(hit.view({B, Q}), l, a));
   o.student_hidden = D.detach();
   return o;
@@ -200,14 +206,16 @@ StepOutputs frozen_embedding_trainable(const Config& c, const DrafterWeights& w,
 StepOutputs shard_step(const Config& c, const DrafterWeights& w, const FrozenWeights& f,
                        const StepInputs& in, bool global);
 
-StepOutputs per_rank_normalisation(const Config& c, const DrafterWeights& w,
-                                   const FrozenWeights& f, const StepInputs& in) {
+StepOutputs per_rank_normalisation(const Config& c, const DrafterWeights& w, const FrozenWeights& f,
+                                   const StepInputs& in) {
   return shard_step(c, w, f, in, false);
 }
 
 StepInputs rows_of(const StepInputs& in, int64_t begin, int64_t n) {
-  return {in.input_ids.narrow(0, begin, n), in.loss_mask.narrow(0, begin, n),
-          in.features.narrow(0, begin, n), in.target_hidden.narrow(0, begin, n),
+  return {in.input_ids.narrow(0, begin, n),
+          in.loss_mask.narrow(0, begin, n),
+          in.features.narrow(0, begin, n),
+          in.target_hidden.narrow(0, begin, n),
           {in.anchors.anchors.narrow(0, begin, n), in.anchors.keep.narrow(0, begin, n)}};
 }
 
@@ -268,10 +276,13 @@ template <typename Check>
 KillRow memory_kill(const Mutant& m, Check check) {
   const auto t0 = std::chrono::steady_clock::now();
   const MemoryVerdict v = check();
-  KillRow r{m, !v.ok, v.ok ? "" : "memory",
+  KillRow r{m,
+            !v.ok,
+            v.ok ? "" : "memory",
             fmt::format("peak {:.1f} MiB vs ceiling {:.1f} MiB", v.measured / 1048576.0,
                         v.ceiling / 1048576.0),
-            v.text, 0};
+            v.text,
+            0};
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
 }
@@ -290,7 +301,8 @@ MemoryVerdict attention_memory_check(const AttentionFn& attention) {
   const at::Tensor q = at::randn({1, nh, Q, hd}).requires_grad_(),
                    k = at::randn({1, nkv, S + Q, hd}).requires_grad_(),
                    v = at::randn({1, nkv, S + Q, hd}).requires_grad_();
-  const Anchors a{std::get<0>(at::randint(1, S - 1, {1, N}, at::kLong).sort(1)), at::ones({1, N}, at::kBool)};
+  const Anchors a{std::get<0>(at::randint(1, S - 1, {1, N}, at::kLong).sort(1)),
+                  at::ones({1, N}, at::kBool)};
   AllocProbe::install();
   int64_t peak;
   {
@@ -330,12 +342,15 @@ MemoryVerdict loss_memory_check(const LossFn& loss) {
 
 const std::vector<Mutant>& zoo() {
   static const std::vector<Mutant> z = {
-      {"detached_checkpoint_input", "a checkpointed region whose differentiable input is detached", "audit"},
+      {"detached_checkpoint_input", "a checkpointed region whose differentiable input is detached",
+       "audit"},
       {"frozen_embedding_trainable", "frozen weights that receive a gradient or move", "audit"},
       {"shifted_labels", "labels shifted by one", "parity"},
       {"anchor_visible", "context visible up to and including the anchor (<=)", "parity"},
-      {"keep_false_averages", "keep = false rows that average values instead of outputting 0", "parity"},
-      {"dropped_ragged_chunk", "chunk boundaries that drop positions (ragged last chunk)", "parity"},
+      {"keep_false_averages", "keep = false rows that average values instead of outputting 0",
+       "parity"},
+      {"dropped_ragged_chunk", "chunk boundaries that drop positions (ragged last chunk)",
+       "parity"},
       {"grad_output_first_element", "gradients scaled by grad_output[0]", "parity"},
       {"loss_upstream_ignored", "a loss backward that assumes an upstream gradient of 1", "parity"},
       {"per_rank_normalisation", "loss normalised per rank (two-shard split)", "parity"},
@@ -348,16 +363,26 @@ const std::vector<Mutant>& zoo() {
 
 Components mutant_components(const std::string& n) {
   Components parts = optimized::real_components();
-  if (n == "shifted_labels") parts.layout = shifted_labels;
-  else if (n == "decay_off_by_one") parts.layout = decay_off_by_one;
-  else if (n == "anchor_visible") parts.attention = anchor_visible;
-  else if (n == "keep_false_averages") parts.attention = keep_false_averages;
-  else if (n == "grad_output_first_element") parts.attention = grad_output_first_element;
-  else if (n == "dense_scores_fallback") parts.attention = dense_fallback;
-  else if (n == "dropped_ragged_chunk") parts.loss = dropped_ragged_chunk;
-  else if (n == "loss_upstream_ignored") parts.loss = loss_upstream_ignored;
-  else if (n == "chunk_logits_alive") parts.loss = chunk_logits_alive;
-  else if (n == "detached_checkpoint_input") parts.checkpoint = detached_checkpoint;
+  if (n == "shifted_labels")
+    parts.layout = shifted_labels;
+  else if (n == "decay_off_by_one")
+    parts.layout = decay_off_by_one;
+  else if (n == "anchor_visible")
+    parts.attention = anchor_visible;
+  else if (n == "keep_false_averages")
+    parts.attention = keep_false_averages;
+  else if (n == "grad_output_first_element")
+    parts.attention = grad_output_first_element;
+  else if (n == "dense_scores_fallback")
+    parts.attention = dense_fallback;
+  else if (n == "dropped_ragged_chunk")
+    parts.loss = dropped_ragged_chunk;
+  else if (n == "loss_upstream_ignored")
+    parts.loss = loss_upstream_ignored;
+  else if (n == "chunk_logits_alive")
+    parts.loss = chunk_logits_alive;
+  else if (n == "detached_checkpoint_input")
+    parts.checkpoint = detached_checkpoint;
   else if (n != "per_rank_normalisation" && n != "frozen_embedding_trainable")
     throw std::invalid_argument("unknown mutant '" + n + "'");
   return parts;
@@ -373,8 +398,10 @@ KillRow run_mutant(const Mutant& m, const PropertyRun& run) {
   const std::string& n = m.name;
   if (n == "detached_checkpoint_input") return audit_kill(m, mutant_step(n), 'a');
   if (n == "frozen_embedding_trainable") return audit_kill(m, mutant_step(n), 'b');
-  if (n == "dense_scores_fallback") return memory_kill(m, [] { return attention_memory_check(dense_fallback); });
-  if (n == "chunk_logits_alive") return memory_kill(m, [] { return loss_memory_check(chunk_logits_alive); });
+  if (n == "dense_scores_fallback")
+    return memory_kill(m, [] { return attention_memory_check(dense_fallback); });
+  if (n == "chunk_logits_alive")
+    return memory_kill(m, [] { return loss_memory_check(chunk_logits_alive); });
   return parity_kill(m, mutant_step(n), run);
 }
 

@@ -1,11 +1,12 @@
 // The bug zoo: every mutant is killed by the check meant for it, and the
 // unmutated code passes that same check.
+#include "harness/zoo.h"
+
 #include <gtest/gtest.h>
 
 #include "fixtures/fixtures.h"
 #include "harness/audit.h"
 #include "harness/properties.h"
-#include "harness/zoo.h"
 #include "optimized/chunked_loss.h"
 #include "optimized/sparse_attention.h"
 #include "optimized/step.h"
@@ -53,7 +54,8 @@ TEST(ZooControls, RealStepsPassTheAudit) {
 }
 
 TEST(ZooControls, GlobalTwoShardSplitPassesParity) {
-  const PropertyOutcome o = check_step_parity(two_shard_step, run_from_env(100, 8), "parity.two_shard");
+  const PropertyOutcome o =
+      check_step_parity(two_shard_step, run_from_env(100, 8), "parity.two_shard");
   EXPECT_TRUE(o.passed) << o.report << o.counterexample;
 }
 

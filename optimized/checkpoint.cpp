@@ -1,7 +1,9 @@
 #include "optimized/checkpoint.h"
 
-#include <ATen/core/Generator.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/Generator.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/csrc/autograd/functions/utils.h>
@@ -9,9 +11,6 @@
 
 #include <mutex>
 #include <unordered_set>
-
-#include <fmt/format.h>
-#include <fmt/ranges.h>
 
 namespace dflash::optimized {
 namespace {
@@ -37,24 +36,36 @@ void set_cpu_rng_state(const at::Tensor& state) {
   gen.set_state(state);
 }
 
+// Puts the CPU generator back to `state` for its lifetime, then restores the
+// state it found, even if the recomputation throws.
+struct RngReplay {
+  at::Tensor saved;
+  explicit RngReplay(const at::Tensor& state) : saved(cpu_rng_state()) { set_cpu_rng_state(state); }
+  ~RngReplay() { set_cpu_rng_state(saved); }
+};
+
 void check_contract(const CheckpointContract& c) {
   for (const Named& n : c.grad_inputs) {
     if (!n.tensor.requires_grad())
       violation(c.region, fmt::format("input '{}' must receive a gradient but does not require "
-                                      "grad (detached, or computed under no-grad?)", n.name));
+                                      "grad (detached, or computed under no-grad?)",
+                                      n.name));
     if (n.activation && n.tensor.is_leaf())
       violation(c.region, fmt::format("input '{}' is an activation but is a leaf: it was "
                                       "detached from the graph, so nothing before it would "
-                                      "get a gradient", n.name));
+                                      "get a gradient",
+                                      n.name));
   }
   for (const Named& n : c.inputs)
     if (n.tensor.requires_grad())
       violation(c.region, fmt::format("input '{}' is declared non-differentiable but requires "
-                                      "grad: its gradient would be dropped", n.name));
+                                      "grad: its gradient would be dropped",
+                                      n.name));
   for (const Named& p : c.params)
     if (!p.tensor.requires_grad())
       violation(c.region, fmt::format("parameter '{}' must receive a gradient but does not "
-                                      "require grad", p.name));
+                                      "require grad",
+                                      p.name));
 }
 
 struct CheckpointNode : public Node {
@@ -70,13 +81,16 @@ struct CheckpointNode : public Node {
   void release_variables() override {
     grad_inputs.clear();
     inputs.clear();
+    params.clear();
+    fn = nullptr;  // its captures (RoPE tables, cast weights) go with it
   }
 
   // Every trainable leaf and every outside node the recomputed graph reaches
   // must be one of the named tensors.
   void check_closed(const at::Tensor& out, const std::vector<at::Tensor>& named) const {
     std::unordered_set<const Node*> boundary;
-    for (const at::Tensor& t : named) boundary.insert(torch::autograd::impl::gradient_edge(t).function.get());
+    for (const at::Tensor& t : named)
+      boundary.insert(torch::autograd::impl::gradient_edge(t).function.get());
     std::unordered_set<const Node*> seen;
     std::vector<const Node*> stack{out.grad_fn().get()};
     while (!stack.empty()) {
@@ -87,6 +101,9 @@ struct CheckpointNode : public Node {
         violation(region, fmt::format("uses a trainable tensor of shape ({}) that its contract "
                                       "does not name: it would silently get no gradient",
                                       fmt::join(acc->variable.sizes(), ", ")));
+      // Sequence numbers are per thread: this catches outside nodes built on
+      // the thread running backward (the CPU case); on other threads' nodes
+      // it is silent rather than wrong.
       if (n->sequence_nr() < recompute_start_)
         violation(region, "uses a tensor with a graph from outside the region (" + n->name() +
                               ") that its contract does not name");
@@ -97,13 +114,16 @@ struct CheckpointNode : public Node {
   variable_list apply(variable_list&& grads) override {
     at::AutoGradMode enable(true);
     std::vector<at::Tensor> gi, in;
-    for (const SavedVariable& s : grad_inputs) gi.push_back(s.unpack().detach().requires_grad_(true));
+    for (const SavedVariable& s : grad_inputs)
+      gi.push_back(s.unpack().detach().requires_grad_(true));
     for (const SavedVariable& s : inputs) in.push_back(s.unpack());
-    const at::Tensor current_rng = cpu_rng_state();
-    set_cpu_rng_state(rng_state);
-    recompute_start_ = at::sequence_number::peek();
-    const at::Tensor out = fn(gi, in);
-    set_cpu_rng_state(current_rng);
+    TORCH_CHECK(fn, "checkpoint '", region, "': backward ran twice without retain_graph");
+    at::Tensor out;
+    {
+      RngReplay replay(rng_state);
+      recompute_start_ = at::sequence_number::peek();
+      out = fn(gi, in);
+    }
     std::vector<at::Tensor> wrt = gi;
     wrt.insert(wrt.end(), params.begin(), params.end());
     check_closed(out, wrt);
@@ -112,7 +132,8 @@ struct CheckpointNode : public Node {
     for (size_t i = 0; i < g.size(); ++i)
       if (!g[i].defined())
         violation(region, fmt::format("'{}' received no gradient in the recomputation (is it "
-                                      "used by the region?)", names[i]));
+                                      "used by the region?)",
+                                      names[i]));
     return g;
   }
 

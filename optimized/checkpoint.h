@@ -2,8 +2,9 @@
 // explicit requires_grad contract.
 //
 // checkpoint() runs `fn` without building a graph and keeps only its inputs.
-// In backward it restores the RNG state of the first run, re-runs `fn` with
-// grad enabled and differentiates it. The caller names what must receive
+// In backward it restores the CPU generator's state of the first run (a GPU
+// build would also need the CUDA generator's), re-runs `fn` with grad enabled
+// and differentiates it. The caller names what must receive
 // gradients; a violation is a loud error naming the region and the tensor,
 // never PyTorch's silent "gradients will be None":
 //   - a named grad input that does not require grad, or (for an activation)
@@ -32,10 +33,10 @@ struct Named {
 };
 
 struct CheckpointContract {
-  std::string region;               // e.g. "layers.1", for messages
-  std::vector<Named> grad_inputs;   // differentiable inputs: must receive gradients
-  std::vector<Named> inputs;        // other tensor inputs: never differentiated
-  std::vector<Named> params;        // parameters the region uses: must receive gradients
+  std::string region;              // e.g. "layers.1", for messages
+  std::vector<Named> grad_inputs;  // differentiable inputs: must receive gradients
+  std::vector<Named> inputs;       // other tensor inputs: never differentiated
+  std::vector<Named> params;       // parameters the region uses: must receive gradients
 };
 
 // fn(grad_inputs, inputs) -> one output. fn may use the contract's params

@@ -1,8 +1,8 @@
 // Checkpointing: the same gradients as no checkpoint (random upstream
 // gradient), the RNG replayed, and a loud error for every contract breach.
-#include <gtest/gtest.h>
-
 #include "optimized/checkpoint.h"
+
+#include <gtest/gtest.h>
 
 namespace dflash::optimized {
 namespace {
@@ -18,7 +18,8 @@ struct Region {
 
 Region make_region() {
   at::manual_seed(3);
-  return {at::randn({6, 6}, at::kDouble).requires_grad_(), at::randn({6, 4}, at::kDouble).requires_grad_()};
+  return {at::randn({6, 6}, at::kDouble).requires_grad_(),
+          at::randn({6, 4}, at::kDouble).requires_grad_()};
 }
 
 std::vector<at::Tensor> grads_of(bool use_checkpoint, bool noise, const Region& r) {
@@ -82,7 +83,8 @@ TEST(Checkpoint, ThrowsOnInputWithoutGrad) {
 
 TEST(Checkpoint, ThrowsOnDetachedActivation) {
   const Region r = make_region();
-  const at::Tensor x = (at::randn({5, 6}, at::kDouble).requires_grad_() * 2).detach().requires_grad_();
+  const at::Tensor x =
+      (at::randn({5, 6}, at::kDouble).requires_grad_() * 2).detach().requires_grad_();
   const std::string msg = error_of([&] {
     checkpoint({"layers.0", {{"hidden", x}}, {}, {{"w1", r.w1}, {"w2", r.w2}}}, body(r));
   });
@@ -90,7 +92,9 @@ TEST(Checkpoint, ThrowsOnDetachedActivation) {
   // The same tensor declared as a leaf input is accepted.
   EXPECT_EQ(error_of([&] {
               checkpoint({"layers.0", {{"hidden", x, false}}, {}, {{"w1", r.w1}, {"w2", r.w2}}},
-                         body(r)).sum().backward();
+                         body(r))
+                  .sum()
+                  .backward();
             }),
             "");
 }
@@ -110,7 +114,10 @@ TEST(Checkpoint, ThrowsOnNonDifferentiableInputThatRequiresGrad) {
   const at::Tensor x = at::randn({5, 6}, at::kDouble).requires_grad_() * 1.0;
   const at::Tensor embed = at::randn({5, 6}, at::kDouble).requires_grad_();
   const std::string msg = error_of([&] {
-    checkpoint({"layers.0", {{"hidden", x}}, {{"x (frozen embeddings)", embed}}, {{"w1", r.w1}, {"w2", r.w2}}},
+    checkpoint({"layers.0",
+                {{"hidden", x}},
+                {{"x (frozen embeddings)", embed}},
+                {{"w1", r.w1}, {"w2", r.w2}}},
                body(r));
   });
   EXPECT_NE(msg.find("declared non-differentiable"), std::string::npos) << msg;
@@ -140,7 +147,8 @@ TEST(Checkpoint, NoGradRunsPlainForward) {
   const Region r = make_region();
   at::NoGradGuard no_grad;
   const at::Tensor x = at::randn({5, 6}, at::kDouble);  // would breach the contract with grad on
-  const at::Tensor out = checkpoint({"eval", {{"hidden", x}}, {}, {{"w1", r.w1}, {"w2", r.w2}}}, body(r));
+  const at::Tensor out =
+      checkpoint({"eval", {{"hidden", x}}, {}, {{"w1", r.w1}, {"w2", r.w2}}}, body(r));
   EXPECT_FALSE(out.requires_grad());
 }
 

@@ -30,10 +30,10 @@ struct ChunkResult {
 };
 
 // Forward over all chunks; with want_grad, also dL/dstudent (unscaled).
-ChunkResult run_chunks(const at::Tensor& student, const at::Tensor& teacher,
-                       const at::Tensor& W, const at::Tensor& rows, const at::Tensor& trows,
-                       const at::Tensor& labels, const at::Tensor& weights, const LossConfig& L,
-                       int64_t chunk, bool want_grad) {
+ChunkResult run_chunks(const at::Tensor& student, const at::Tensor& teacher, const at::Tensor& W,
+                       const at::Tensor& rows, const at::Tensor& trows, const at::Tensor& labels,
+                       const at::Tensor& weights, const LossConfig& L, int64_t chunk,
+                       bool want_grad) {
   const int64_t M = rows.numel(), H = student.size(1), V = W.size(0);
   const bool with_kl = L.kl_weight != 0;
   const int64_t C = std::max<int64_t>(1, chunk > 0 ? std::min(chunk, M) : M);
@@ -51,26 +51,34 @@ ChunkResult run_chunks(const at::Tensor& student, const at::Tensor& teacher,
   for (int64_t c0 = 0; c0 < M; c0 += C) {
     const int64_t n = std::min(C, M - c0);
     const at::Tensor rows_c = rows.narrow(0, c0, n);
-    at::Tensor xs_c = xs.narrow(0, 0, n), zs_c = zs.narrow(0, 0, n);   // (n, H), (n, V)
+    at::Tensor xs_c = xs.narrow(0, 0, n), zs_c = zs.narrow(0, 0, n);  // (n, H), (n, V)
     at::index_select_out(xs_c, student, 0, rows_c);
     at::mm_out(zs_c, xs_c, W.t());
     at::Tensor zt_c;
     if (with_kl) {
       at::Tensor xt_c = xt.narrow(0, 0, n);
-      zt_c = zt.narrow(0, 0, n);                                            // (n, V)
+      zt_c = zt.narrow(0, 0, n);  // (n, V)
       at::index_select_out(xt_c, teacher, 0, trows.narrow(0, c0, n));
       at::mm_out(zt_c, xt_c, W.t());
     }
-    LossRows a{row_dtype(student.scalar_type()), V, zs_c.data_ptr(),
-               with_kl ? zt_c.data_ptr() : nullptr, lab.data_ptr<int64_t>() + c0,
-               w64.data_ptr<double>() + c0, L.ce_weight, L.kl_weight, 1.0 / L.temperature,
-               want_grad, r.ce.data_ptr<double>() + c0, r.kl.data_ptr<double>() + c0,
+    LossRows a{row_dtype(student.scalar_type()),
+               V,
+               zs_c.data_ptr(),
+               with_kl ? zt_c.data_ptr() : nullptr,
+               lab.data_ptr<int64_t>() + c0,
+               w64.data_ptr<double>() + c0,
+               L.ce_weight,
+               L.kl_weight,
+               1.0 / L.temperature,
+               want_grad,
+               r.ce.data_ptr<double>() + c0,
+               r.kl.data_ptr<double>() + c0,
                r.argmax.data_ptr<int64_t>() + c0};
     at::parallel_for(0, n, 1, [&](int64_t b, int64_t e) { loss_rows(a, b, e); });
     ++chunked_loss_stats().chunks;
     if (want_grad) {
       at::Tensor g = gbuf.narrow(0, 0, n);
-      r.grad.index_copy_(0, rows_c, at::mm_out(g, zs_c, W));               // (n, H)
+      r.grad.index_copy_(0, rows_c, at::mm_out(g, zs_c, W));  // (n, H)
       ++chunked_loss_stats().gradient_chunks;
     }
   }
@@ -97,7 +105,10 @@ struct FusedLoss : public torch::autograd::Function<FusedLoss> {
     // saved input gradient.
     const at::Tensor grad = ctx->get_saved_variables()[0];
     const at::Tensor g = grad_outputs[0];
-    at::Tensor gs = g.defined() ? grad * g.to(grad.scalar_type()) : at::Tensor();
+    // Scaled in fp32 (fp64 for float64): 1 / sum(w) rounded to bf16 would
+    // shift the whole gradient by up to 0.4%.
+    const at::ScalarType acc = grad.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+    at::Tensor gs = g.defined() ? (grad.to(acc) * g.to(acc)).to(grad.scalar_type()) : at::Tensor();
     // One entry per forward argument; W (the frozen LM head) never gets one.
     return {gs, {}, {}, {}, {}, {}, {}, {}, {}};
   }
@@ -106,19 +117,33 @@ struct FusedLoss : public torch::autograd::Function<FusedLoss> {
 }  // namespace
 
 ChunkedLossOut chunked_lm_loss(const at::Tensor& student, const at::Tensor& teacher,
-                               const at::Tensor& W, const at::Tensor& rows,
-                               const at::Tensor& trows, const at::Tensor& labels,
-                               const at::Tensor& weights, const LossConfig& L, int64_t chunk) {
+                               const at::Tensor& W, const at::Tensor& rows, const at::Tensor& trows,
+                               const at::Tensor& labels, const at::Tensor& weights,
+                               const LossConfig& L, int64_t chunk) {
   TORCH_CHECK(student.dim() == 2 && W.dim() == 2 && student.size(1) == W.size(1),
               "chunked_lm_loss: student (Ns, H) and lm_head (V, H) expected");
+  TORCH_CHECK(student.is_cpu() && W.is_cpu(),
+              "chunked_lm_loss: the fused loss kernels run on CPU "
+              "tensors (found ",
+              student.device(), "); a GPU build needs device kernels");
+  const int64_t M = rows.numel();
+  TORCH_CHECK(
+      trows.numel() == M && labels.numel() == M && weights.numel() == M,
+      "chunked_lm_loss: rows, teacher_rows, labels and weights must have one entry per row");
+  if (M > 0) {
+    TORCH_CHECK(labels.min().item<int64_t>() >= 0 && labels.max().item<int64_t>() < W.size(0),
+                "chunked_lm_loss: labels must lie in [0, V = ", W.size(0), ")");
+    TORCH_CHECK(rows.min().item<int64_t>() >= 0 && rows.max().item<int64_t>() < student.size(0),
+                "chunked_lm_loss: row index out of range");
+  }
   const bool want_grad = at::GradMode::is_enabled() && student.requires_grad();
   if (!want_grad) {
     at::NoGradGuard no_grad;
     ChunkResult r = run_chunks(student, teacher, W, rows, trows, labels, weights, L, chunk, false);
     return {r.num, r.ce, r.kl, r.argmax};
   }
-  variable_list o = FusedLoss::apply(student, teacher, W.detach(), rows, trows, labels, weights,
-                                     L, chunk);
+  variable_list o =
+      FusedLoss::apply(student, teacher, W.detach(), rows, trows, labels, weights, L, chunk);
   return {o[0], o[1], o[2], o[3]};
 }
 
@@ -127,9 +152,11 @@ StepOutputs loss_and_metrics(const Config& c, const at::Tensor& D, const at::Ten
                              const Anchors& a) {
   const LossConfig& L = c.loss;
   const int64_t B = D.size(0), Q = D.size(1), S = Ht.size(1), H = D.size(2);
-  // Only weighted rows are computed; teacher rows index the flattened (B*S, H) hidden.
+  // Only counted rows are computed (w > 0 before decay: a decayed weight may
+  // underflow to 0, but the slot still counts for the metrics); teacher rows
+  // index the flattened (B*S, H) hidden.
   const at::Tensor w_all = layout.weights.reshape(-1);                        // (B*Q)
-  const at::Tensor rows = (w_all > 0).nonzero().reshape(-1);                  // (M)
+  const at::Tensor rows = layout.counted.reshape(-1).nonzero().reshape(-1);   // (M)
   const at::Tensor batch_of = at::arange(B, at::kLong).repeat_interleave(Q);  // (B*Q)
   const at::Tensor trows =
       (batch_of * S + layout.teacher_index.reshape(-1)).index_select(0, rows);  // (M)

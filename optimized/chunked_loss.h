@@ -10,8 +10,9 @@
 // (rows, H) gradient but cost two more GEMMs per chunk (~5/3 the time).
 // Under no-grad (evaluation) no gradient is computed at all.
 //
-// Only rows with weight > 0 are computed (keep = false blocks, slot 0 and
-// masked positions never reach a GEMM); their argmax is all the metrics need.
+// Only counted rows are computed (keep = false blocks, slot 0 and masked
+// positions never reach a GEMM); their argmax is all the metrics need. CPU
+// tensors only: the row kernel is host code.
 #pragma once
 
 #include <ATen/ATen.h>

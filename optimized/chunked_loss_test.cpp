@@ -1,12 +1,13 @@
 // The fused chunked loss against reference::loss_and_metrics: forward values,
 // metrics and the student gradient, float64 tight and float32 by the error
 // ratio, on awkward chunkings, with a non-unit upstream gradient.
+#include "optimized/chunked_loss.h"
+
 #include <gtest/gtest.h>
 
 #include "core/alloc_probe.h"
 #include "fixtures/fixtures.h"
 #include "harness/tolerance.h"
-#include "optimized/chunked_loss.h"
 #include "reference/step.h"
 
 namespace dflash::optimized {

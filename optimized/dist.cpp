@@ -1,14 +1,13 @@
 #include "optimized/dist.h"
 
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <nlohmann/json.hpp>
+#include <sstream>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
-
-#include <cstdlib>
-#include <sstream>
-
-#include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 namespace dflash::dist {
 namespace {
@@ -18,7 +17,8 @@ int64_t env_int(const char* name, int64_t fallback) {
   if (!v) return fallback;
   char* end = nullptr;
   const long long x = std::strtoll(v, &end, 10);
-  if (!end || *end) throw DistError(fmt::format("environment variable {}={} is not an integer", name, v));
+  if (!end || *end)
+    throw DistError(fmt::format("environment variable {}={} is not an integer", name, v));
   return x;
 }
 
@@ -53,11 +53,15 @@ uint64_t config_hash(const Config& c) {
 }
 
 Cluster::Cluster(const Config& c, const Env& env)
-    : cfg_(c), env_(env), timeout_(std::chrono::milliseconds(int64_t(c.topology.timeout_s * 1000))) {
+    : cfg_(c),
+      env_(env),
+      timeout_(std::chrono::milliseconds(int64_t(c.topology.timeout_s * 1000))) {
   const auto& tp = c.topology;
   if (env.world_size != tp.world_size)
-    throw DistError(fmt::format("{}: topology.world_size is {} but the launcher started {} ranks "
-                                "(WORLD_SIZE)", c.path, tp.world_size, env.world_size));
+    throw DistError(
+        fmt::format("{}: topology.world_size is {} but the launcher started {} ranks "
+                    "(WORLD_SIZE)",
+                    c.path, tp.world_size, env.world_size));
   if (env.rank < 0 || env.rank >= env.world_size)
     throw DistError(fmt::format("RANK={} is outside [0, WORLD_SIZE={})", env.rank, env.world_size));
   target_index_ = index_of(tp.target_ranks, env.rank);
@@ -110,9 +114,10 @@ void Cluster::check_config(const Config& c) {
     }
     const std::string theirs = string_of(store_->get(key));
     if (theirs != std::to_string(mine))
-      throw DistError(fmt::format("rank {}: the resolved config differs on rank {} (hash {} vs {} "
-                                  "here): every rank must run the same config",
-                                  env_.rank, r, theirs, mine));
+      throw DistError(
+          fmt::format("rank {}: the resolved config differs on rank {} (hash {} vs {} "
+                      "here): every rank must run the same config",
+                      env_.rank, r, theirs, mine));
   }
 }
 
@@ -124,7 +129,8 @@ void Cluster::heartbeat_loop() {
     } catch (...) {
       return;  // the store is gone (rank 0 ended): nothing left to report to
     }
-    for (int i = 0; i < 10 && !stop_; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    for (int i = 0; i < 10 && !stop_; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
 }
 
@@ -134,7 +140,8 @@ std::string Cluster::silent_ranks() const {
     std::vector<std::string> before;
     for (int64_t r = 0; r < env_.world_size; ++r)
       before.push_back(store_->check({fmt::format("alive/{}", r)})
-                           ? string_of(store_->get(fmt::format("alive/{}", r))) : "");
+                           ? string_of(store_->get(fmt::format("alive/{}", r)))
+                           : "");
     std::this_thread::sleep_for(std::chrono::milliseconds(1500));
     std::string silent;
     for (int64_t r = 0; r < env_.world_size; ++r) {

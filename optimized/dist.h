@@ -11,13 +11,13 @@
 #pragma once
 
 #include <c10/util/intrusive_ptr.h>
-#include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <atomic>
 #include <chrono>
 #include <memory>
 #include <string>
 #include <thread>
+#include <torch/csrc/distributed/c10d/Work.hpp>
 #include <vector>
 
 #include "core/config.h"

@@ -37,7 +37,9 @@ Shell sh(const std::string& cmd) {
   return r;
 }
 
-std::string dflash() { return std::getenv("DFLASH_BINARY") ? std::getenv("DFLASH_BINARY") : "build/dflash"; }
+std::string dflash() {
+  return std::getenv("DFLASH_BINARY") ? std::getenv("DFLASH_BINARY") : "build/dflash";
+}
 std::string cfg(const std::string& name) {
   const char* root = std::getenv("DFLASH_SOURCE_DIR");
   return std::string(root ? root : ".") + "/fixtures/configs/" + name;
@@ -47,14 +49,17 @@ struct TmpDir {
   fs::path p = fs::temp_directory_path() / fmt_dir();
   TmpDir() { fs::create_directories(p); }
   ~TmpDir() { fs::remove_all(p); }
-  static std::string fmt_dir() { return "dflash_dist_" + std::to_string(::getpid()) + "_" + std::to_string(rand()); }
+  static std::string fmt_dir() {
+    return "dflash_dist_" + std::to_string(::getpid()) + "_" + std::to_string(rand());
+  }
   std::string operator/(const std::string& f) const { return (p / f).string(); }
 };
 
 std::vector<double> losses(const std::string& out) {
   std::vector<double> l;
   const std::regex re("step +\\d+  loss ([0-9.eE+-]+)");
-  for (std::sregex_iterator it(out.begin(), out.end(), re), end; it != end; ++it) l.push_back(std::stod((*it)[1]));
+  for (std::sregex_iterator it(out.begin(), out.end(), re), end; it != end; ++it)
+    l.push_back(std::stod((*it)[1]));
   return l;
 }
 
@@ -78,11 +83,13 @@ class SplitEqualsOneProcess : public ::testing::TestWithParam<SplitCase> {};
 TEST_P(SplitEqualsOneProcess, SameParametersAndLoss) {
   const SplitCase& c = GetParam();
   TmpDir tmp;
-  const Shell split = sh(dflash() + " launch --nproc " + std::to_string(c.nproc) + " -- train --config " +
-                       cfg(c.config) + " --steps " + std::to_string(c.steps) + " --out-params " + (tmp / "split.st"));
+  const Shell split = sh(dflash() + " launch --nproc " + std::to_string(c.nproc) +
+                         " -- train --config " + cfg(c.config) + " --steps " +
+                         std::to_string(c.steps) + " --out-params " + (tmp / "split.st"));
   ASSERT_EQ(split.code, 0) << split.out;
-  const Shell single = sh(dflash() + " train --config " + cfg(c.config) + " --steps " + std::to_string(c.steps) +
-                        " --micro-batches 2 --out-params " + (tmp / "single.st"));
+  const Shell single =
+      sh(dflash() + " train --config " + cfg(c.config) + " --steps " + std::to_string(c.steps) +
+         " --micro-batches 2 --out-params " + (tmp / "single.st"));
   ASSERT_EQ(single.code, 0) << single.out;
   const auto rep = compare_params(tmp / "split.st", tmp / "single.st");
   EXPECT_TRUE(rep.ok()) << rep.format();
@@ -92,18 +99,20 @@ TEST_P(SplitEqualsOneProcess, SameParametersAndLoss) {
   for (size_t i = 0; i < ls.size(); ++i) EXPECT_NEAR(ls[i], l1[i], 1e-10 * (1 + std::abs(l1[i])));
 }
 
-INSTANTIATE_TEST_SUITE_P(Layouts, SplitEqualsOneProcess,
-                         ::testing::Values(SplitCase{"two_targets_two_drafters_one_step", "dist-2x2.toml", 4, 1},
-                                           SplitCase{"one_target_two_drafters_three_steps", "dist-1x2.toml", 3, 3}),
-                         [](const auto& i) { return std::string(i.param.name); });
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, SplitEqualsOneProcess,
+    ::testing::Values(SplitCase{"two_targets_two_drafters_one_step", "dist-2x2.toml", 4, 1},
+                      SplitCase{"one_target_two_drafters_three_steps", "dist-1x2.toml", 3, 3}),
+    [](const auto& i) { return std::string(i.param.name); });
 
 TEST(DistZoo, PerRankNormalisationIsKilled) {
   TmpDir tmp;
-  const Shell split = sh(dflash() + " launch --nproc 3 -- train --config " + cfg("dist-1x2.toml") +
-                       " --steps 1 --zoo-per-rank-normalisation --out-params " + (tmp / "split.st"));
+  const Shell split =
+      sh(dflash() + " launch --nproc 3 -- train --config " + cfg("dist-1x2.toml") +
+         " --steps 1 --zoo-per-rank-normalisation --out-params " + (tmp / "split.st"));
   ASSERT_EQ(split.code, 0) << split.out;
   const Shell single = sh(dflash() + " train --config " + cfg("dist-1x2.toml") +
-                        " --steps 1 --micro-batches 2 --out-params " + (tmp / "single.st"));
+                          " --steps 1 --micro-batches 2 --out-params " + (tmp / "single.st"));
   ASSERT_EQ(single.code, 0) << single.out;
   EXPECT_FALSE(compare_params(tmp / "split.st", tmp / "single.st").ok())
       << "the per-rank-normalisation mutant matched the single-process run";
@@ -111,7 +120,7 @@ TEST(DistZoo, PerRankNormalisationIsKilled) {
 
 TEST(DistFaults, DeadRankEndsTheRunAndIsNamed) {
   const Shell r = sh(dflash() + " launch --nproc 3 -- train --config " + cfg("dist-1x2.toml") +
-                   " --steps 3 --fault rank=2,step=1,mode=exit");
+                     " --steps 3 --fault rank=2,step=1,mode=exit");
   EXPECT_EQ(r.code, 17) << r.out;  // the failing rank's exit code
   EXPECT_NE(r.out.find("rank 2 exited with code 17"), std::string::npos) << r.out;
 }
@@ -120,8 +129,8 @@ TEST(DistFaults, HungRankIsNamedByTheOthersWithinTheTimeout) {
   // Rank 1 stops (SIGSTOP) at step 1; the others time out after 4 s and name
   // it from its silent heartbeat; the launcher then ends every rank.
   TmpDir tmp;
-  const Shell copy = sh("sed 's/^timeout_s = 20.0/timeout_s = 4.0/' " + cfg("dist-1x2.toml") + " > " +
-                        (tmp / "fast.toml"));
+  const Shell copy = sh("sed 's/^timeout_s = 20.0/timeout_s = 4.0/' " + cfg("dist-1x2.toml") +
+                        " > " + (tmp / "fast.toml"));
   ASSERT_EQ(copy.code, 0);
   const Shell r = sh(dflash() + " launch --nproc 3 -- train --config " + (tmp / "fast.toml") +
                      " --steps 3 --fault rank=1,step=1,mode=hang");
@@ -131,16 +140,18 @@ TEST(DistFaults, HungRankIsNamedByTheOthersWithinTheTimeout) {
 }
 
 TEST(DistStartup, ConfigDifferingOnOneRankIsRefused) {
-  const Shell r = sh("DFLASH_TEST_PERTURB_CONFIG_RANK=1 " + dflash() + " launch --nproc 3 -- train --config " +
-                   cfg("dist-1x2.toml") + " --steps 1");
+  const Shell r = sh("DFLASH_TEST_PERTURB_CONFIG_RANK=1 " + dflash() +
+                     " launch --nproc 3 -- train --config " + cfg("dist-1x2.toml") + " --steps 1");
   EXPECT_EQ(r.code, 3) << r.out;
   EXPECT_NE(r.out.find("differs on rank 1"), std::string::npos) << r.out;
 }
 
 TEST(DistStartup, WorldSizeMismatchIsRefused) {
-  const Shell r = sh(dflash() + " launch --nproc 2 -- train --config " + cfg("dist-1x2.toml") + " --steps 1");
+  const Shell r =
+      sh(dflash() + " launch --nproc 2 -- train --config " + cfg("dist-1x2.toml") + " --steps 1");
   EXPECT_NE(r.code, 0) << r.out;
-  EXPECT_NE(r.out.find("topology.world_size is 3 but the launcher started 2"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("topology.world_size is 3 but the launcher started 2"), std::string::npos)
+      << r.out;
 }
 
 }  // namespace

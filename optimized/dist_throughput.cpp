@@ -2,9 +2,9 @@
 // all-reduce bus bandwidth over the drafter ranks (nccl-tests' busbw =
 // algbw * 2 (n - 1) / n), and the fraction of drafter step time spent
 // waiting for target data in a short training run.
-#include <chrono>
-
 #include <fmt/format.h>
+
+#include <chrono>
 
 #include "optimized/dist.h"
 #include "optimized/train.h"
@@ -32,8 +32,10 @@ int run_dist_bench(const std::string& path) {
     std::vector<at::Tensor> t{payload};
     const double t0 = now();
     for (int64_t i = 0; i < reps; ++i) {
-      if (cl.rank() == src) cl.send(t, dst, int(1000 + i), "bench transfer");
-      else cl.recv(t, src, int(1000 + i), "bench transfer");
+      if (cl.rank() == src)
+        cl.send(t, dst, int(1000 + i), "bench transfer");
+      else
+        cl.recv(t, src, int(1000 + i), "bench transfer");
     }
     transfer_gbps = double(reps * payload.nbytes()) / (now() - t0) / 1e9;
   }
@@ -55,16 +57,20 @@ int run_dist_bench(const std::string& path) {
   const std::vector<StepLog> log = train_distributed(c, o, cl);
   if (cl.is_drafter() && cl.drafter_index() == 0) {
     double wait = 0, total = 0;
-    for (size_t i = 1; i < log.size(); ++i) wait += log[i].wait_seconds, total += log[i].step_seconds;
+    for (size_t i = 1; i < log.size(); ++i)
+      wait += log[i].wait_seconds, total += log[i].step_seconds;
     fmt::print("\ndflash bench --dist ({} ranks: {} target, {} drafter, loopback gloo)\n",
                cl.world_size(), cl.num_targets(), cl.num_drafters());
-    fmt::print("  all-reduce of {} MB over {} drafter ranks: algbw {:.2f} GB/s, busbw {:.2f} GB/s\n", mb,
-               cl.num_drafters(), algbw, busbw);
-    fmt::print("  drafter step time waiting for target data: {:.1f}% ({:.3f} s of {:.3f} s, steps 1-{})\n",
-               total > 0 ? 100 * wait / total : 0.0, wait, total, log.size() - 1);
+    fmt::print(
+        "  all-reduce of {} MB over {} drafter ranks: algbw {:.2f} GB/s, busbw {:.2f} GB/s\n", mb,
+        cl.num_drafters(), algbw, busbw);
+    fmt::print(
+        "  drafter step time waiting for target data: {:.1f}% ({:.3f} s of {:.3f} s, steps 1-{})\n",
+        total > 0 ? 100 * wait / total : 0.0, wait, total, log.size() - 1);
   }
-  if (cl.rank() == dst) fmt::print("  transfer target rank {} -> drafter rank {}: {:.2f} GB/s ({} x {} MB)\n", src, dst,
-                                   transfer_gbps, reps, mb);
+  if (cl.rank() == dst)
+    fmt::print("  transfer target rank {} -> drafter rank {}: {:.2f} GB/s ({} x {} MB)\n", src, dst,
+               transfer_gbps, reps, mb);
   return 0;
 }
 

@@ -46,7 +46,9 @@ struct Bf16 {
 };
 __attribute__((always_inline)) inline float load(const float* p, int64_t i) { return p[i]; }
 __attribute__((always_inline)) inline double load(const double* p, int64_t i) { return p[i]; }
-__attribute__((always_inline)) inline float load(const Bf16* p, int64_t i) { return bits_to_float(uint32_t(p[i].x) << 16); }
+__attribute__((always_inline)) inline float load(const Bf16* p, int64_t i) {
+  return bits_to_float(uint32_t(p[i].x) << 16);
+}
 __attribute__((always_inline)) inline void store(float* p, int64_t i, float v) { p[i] = v; }
 __attribute__((always_inline)) inline void store(double* p, int64_t i, double v) { p[i] = v; }
 __attribute__((always_inline)) inline void store(Bf16* p, int64_t i, float v) {
@@ -61,7 +63,7 @@ __attribute__((always_inline)) inline void store(Bf16* p, int64_t i, float v) {
 __attribute__((always_inline)) inline float exp_acc(float x) { return expf_inline(x); }
 __attribute__((always_inline)) inline double exp_acc(double x) { return std::exp(x); }
 
-template <typename T, typename Acc>
+template <typename Acc>
 struct RowMax {
   Acc value;
   int64_t index;
@@ -71,13 +73,13 @@ struct RowMax {
 
 // The max by a vectorised reduction, then its first index (like at::argmax).
 template <typename T, typename Acc>
-DFLASH_INLINE RowMax<T, Acc> row_max(const T* z, int64_t V) {
+DFLASH_INLINE RowMax<Acc> row_max(const T* z, int64_t V) {
   Acc m = load(z, 0);
 #pragma omp simd reduction(max : m)
   for (int64_t v = 1; v < V; ++v) m = std::max(m, Acc(load(z, v)));
-  int64_t at = 0;
-  while (Acc(load(z, at)) != m) ++at;
-  return {m, at};
+  int64_t at = 0;  // bounded: a NaN maximum matches nothing
+  while (at < V && !(Acc(load(z, at)) == m)) ++at;
+  return {m, at < V ? at : 0};
 }
 
 // log sum_v exp(scale * (z_v - m)), m = max z (scale > 0, so the max of the
@@ -132,7 +134,7 @@ DFLASH_INLINE void one_row(const LossRows& a, int64_t r) {
   const T* zt = a.teacher ? static_cast<const T*>(a.teacher) + r * V : nullptr;
   const Acc inv_t = Acc(a.inv_temperature);
   const bool same_t = a.inv_temperature == 1.0;
-  const RowMax<T, Acc> ms = row_max<T, Acc>(zs, V);
+  const RowMax<Acc> ms = row_max<T, Acc>(zs, V);
   a.argmax[r] = ms.index;
   // CE = logsumexp(z) - z[label]
   const int64_t label = a.labels[r];
@@ -147,7 +149,8 @@ DFLASH_INLINE void one_row(const LossRows& a, int64_t r) {
         same_t ? lse : inv_t * ms.value + log_sum_exp_shifted<T, Acc>(zs, V, ms.value, inv_t);
     const Acc lse_tt = inv_t * mt + log_sum_exp_shifted<T, Acc>(zt, V, mt, inv_t);
     Acc kl;
-    if (!a.want_grad) kl = kl_only<T, Acc>(zs, zt, V, lse_st, lse_tt, inv_t);
+    if (!a.want_grad)
+      kl = kl_only<T, Acc>(zs, zt, V, lse_st, lse_tt, inv_t);
     else if (same_t)
       kl = grad_and_kl<T, Acc, true>(zs, zt, V, label, lse, lse_st, lse_tt, inv_t, gce, gkl);
     else
@@ -162,7 +165,7 @@ DFLASH_INLINE void one_row(const LossRows& a, int64_t r) {
 
 // One clone per instruction set on x86-64 (chosen at load time); elsewhere
 // the compiler's baseline.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
 #define DFLASH_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define DFLASH_CLONES
@@ -178,9 +181,8 @@ void rows_f64(const LossRows& a, int64_t begin, int64_t end) {
   for (int64_t r = begin; r < end; ++r) one_row<double, double>(a, r);
 }
 
-template <typename A>
 DFLASH_INLINE int64_t row_limit(const AttentionRows& a, int64_t i) {
-  return a.limit ? std::min(a.cols, a.limit[i] - a.offset) : a.cols;
+  return a.limit ? std::max<int64_t>(0, std::min(a.cols, a.limit[i] - a.offset)) : a.cols;
 }
 
 template <typename A>
@@ -188,12 +190,17 @@ DFLASH_INLINE void online_rows(const AttentionRows& a, A* m, A* l, A* acc, int64
   const A scale = A(a.scale);
   for (int64_t i = 0; i < a.rows; ++i) {
     A* row = static_cast<A*>(a.scores) + i * a.cols;
-    const int64_t lim = row_limit<A>(a, i);
+    const int64_t lim = row_limit(a, i);
+    if (lim == 0) {  // nothing visible in this tile: statistics unchanged
+      for (int64_t j = 0; j < a.cols; ++j) row[j] = 0;
+      continue;
+    }
     A mt = -std::numeric_limits<A>::infinity();
 #pragma omp simd reduction(max : mt)
     for (int64_t j = 0; j < lim; ++j) mt = std::max(mt, scale * row[j]);
     const A m_new = std::max(m[i], mt);
-    const A alpha = exp_acc(m[i] - m_new);  // 0 on a row's first tile (m = -inf)
+    // exp(-inf) rescales nothing on a row's first tile (its acc and l are 0).
+    const A alpha = m[i] == -std::numeric_limits<A>::infinity() ? A(0) : exp_acc(m[i] - m_new);
     A sum = 0;
 #pragma omp simd reduction(+ : sum)
     for (int64_t j = 0; j < lim; ++j) {
@@ -214,7 +221,7 @@ DFLASH_INLINE void backward_rows(const AttentionRows& a, const A* lse, const A* 
   for (int64_t i = 0; i < a.rows; ++i) {
     A* row = static_cast<A*>(a.scores) + i * a.cols;
     A* drow = dp + i * a.cols;
-    const int64_t lim = row_limit<A>(a, i);
+    const int64_t lim = row_limit(a, i);
 #pragma omp simd
     for (int64_t j = 0; j < lim; ++j) {
       const A p = exp_acc(scale * row[j] - lse[i]);
@@ -226,7 +233,8 @@ DFLASH_INLINE void backward_rows(const AttentionRows& a, const A* lse, const A* 
 }
 
 DFLASH_CLONES void online_f32(const AttentionRows& a, void* m, void* l, void* acc, int64_t hd) {
-  online_rows<float>(a, static_cast<float*>(m), static_cast<float*>(l), static_cast<float*>(acc), hd);
+  online_rows<float>(a, static_cast<float*>(m), static_cast<float*>(l), static_cast<float*>(acc),
+                     hd);
 }
 DFLASH_CLONES void backward_f32(const AttentionRows& a, const void* lse, const void* D, void* dp) {
   backward_rows<float>(a, static_cast<const float*>(lse), static_cast<const float*>(D),
@@ -253,9 +261,12 @@ float fast_expf(float x) { return expf_inline(x); }
 
 void loss_rows(const LossRows& a, int64_t begin, int64_t end) {
   switch (a.dtype) {
-    case RowDtype::kFloat32: return rows_f32(a, begin, end);
-    case RowDtype::kFloat64: return rows_f64(a, begin, end);
-    case RowDtype::kBFloat16: return rows_bf16(a, begin, end);
+    case RowDtype::kFloat32:
+      return rows_f32(a, begin, end);
+    case RowDtype::kFloat64:
+      return rows_f64(a, begin, end);
+    case RowDtype::kBFloat16:
+      return rows_bf16(a, begin, end);
   }
 }
 

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <numeric>
 
@@ -19,12 +20,26 @@ using torch::autograd::variable_list;
 struct Geometry {
   int64_t B, nh, nkv, G, Q, S, N, bs, hd, tile;
   double scale;
-  at::ScalarType acc;  // fp64 for float64 inputs, else fp32
+  at::ScalarType acc;                                // fp64 for float64 inputs, else fp32
   int64_t rows_per_block() const { return G * bs; }  // R
 };
 
-Geometry geometry(const at::Tensor& q, const at::Tensor& k, const at::Tensor& anchors,
-                  int64_t S, int64_t bs, int64_t tile) {
+Geometry geometry(const at::Tensor& q, const at::Tensor& k, const at::Tensor& anchors, int64_t S,
+                  int64_t bs, int64_t tile) {
+  TORCH_CHECK(
+      q.dim() == 4 && k.dim() == 4 && q.size(0) == k.size(0) && q.size(3) == k.size(3) &&
+          k.size(1) >= 1 && q.size(1) % k.size(1) == 0,
+      "draft_attention: q (B, nh, Q, hd) and k/v (B, nkv, S+Q, hd) with nh % nkv == 0 expected");
+  TORCH_CHECK(q.is_cpu() && k.is_cpu(),
+              "draft_attention: the sparse kernels run on CPU tensors "
+              "(found ",
+              q.device(), "); a GPU build needs device kernels");
+  TORCH_CHECK(
+      anchors.dim() == 2 && anchors.size(0) == q.size(0) && anchors.scalar_type() == at::kLong,
+      "draft_attention: anchors must be (B, N) int64");
+  TORCH_CHECK(anchors.numel() == 0 ||
+                  (anchors.min().item<int64_t>() >= 0 && anchors.max().item<int64_t>() <= S),
+              "draft_attention: anchors must lie in [0, S = ", S, "]");
   Geometry g;
   g.B = q.size(0), g.nh = q.size(1), g.Q = q.size(2), g.hd = q.size(3);
   g.nkv = k.size(1), g.G = g.nh / g.nkv, g.S = S, g.N = anchors.size(1), g.bs = bs;
@@ -75,33 +90,40 @@ Plan make_plan(const Geometry& g, const at::Tensor& anchors, const at::Tensor& k
 }
 
 constexpr int64_t kRowGrain = 64;
-// The row kernels split across threads by rows (no BLAS inside).
-void online_softmax_parallel(const AttentionRows& a, at::Tensor& m, at::Tensor& l,
-                             at::Tensor& acc) {
-  const int64_t hd = acc.size(-1);
+// The row kernels split across threads by rows (no BLAS inside): `kernel`
+// gets the rows [b, e) as their own AttentionRows and the byte offset of
+// row b in per-row vectors (esz per element).
+void for_row_ranges(
+    const AttentionRows& a,
+    const std::function<void(const AttentionRows&, int64_t b, int64_t esz)>& kernel) {
+  const int64_t esz = a.dtype == RowDtype::kFloat64 ? 8 : 4;
   at::parallel_for(0, a.rows, kRowGrain, [&](int64_t b, int64_t e) {
     AttentionRows part = a;
-    const int64_t esz = a.dtype == RowDtype::kFloat64 ? 8 : 4;
     part.rows = e - b;
     part.scores = static_cast<char*>(a.scores) + b * a.cols * esz;
     if (a.limit) part.limit = a.limit + b;
-    online_softmax_rows(part, static_cast<char*>(m.data_ptr()) + b * esz,
-                        static_cast<char*>(l.data_ptr()) + b * esz,
-                        static_cast<char*>(acc.data_ptr()) + b * hd * esz, hd);
+    kernel(part, b, esz);
+  });
+}
+
+char* at_row(const at::Tensor& t, int64_t b, int64_t width, int64_t esz) {
+  return static_cast<char*>(t.data_ptr()) + b * width * esz;
+}
+
+void online_softmax_parallel(const AttentionRows& a, at::Tensor& m, at::Tensor& l,
+                             at::Tensor& acc) {
+  const int64_t hd = acc.size(-1);
+  for_row_ranges(a, [&](const AttentionRows& part, int64_t b, int64_t esz) {
+    online_softmax_rows(part, at_row(m, b, 1, esz), at_row(l, b, 1, esz), at_row(acc, b, hd, esz),
+                        hd);
   });
 }
 
 void softmax_backward_parallel(const AttentionRows& a, const at::Tensor& lse, const at::Tensor& D,
                                at::Tensor& dp) {
-  at::parallel_for(0, a.rows, kRowGrain, [&](int64_t b, int64_t e) {
-    AttentionRows part = a;
-    const int64_t esz = a.dtype == RowDtype::kFloat64 ? 8 : 4;
-    part.rows = e - b;
-    part.scores = static_cast<char*>(a.scores) + b * a.cols * esz;
-    if (a.limit) part.limit = a.limit + b;
-    softmax_backward_rows(part, static_cast<const char*>(lse.data_ptr()) + b * esz,
-                          static_cast<const char*>(D.data_ptr()) + b * esz,
-                          static_cast<char*>(dp.data_ptr()) + b * a.cols * esz);
+  for_row_ranges(a, [&](const AttentionRows& part, int64_t b, int64_t esz) {
+    softmax_backward_rows(part, at_row(lse, b, 1, esz), at_row(D, b, 1, esz),
+                          at_row(dp, b, a.cols, esz));
   });
 }
 
@@ -133,8 +155,8 @@ void forward_head(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   for (int64_t t0 = 0; t0 < p.anchors.front(); t0 += g.tile) {
     const int64_t n = p.prefix_rows(t0, R), T = std::min(g.tile, p.anchors.front() - t0);
     at::Tensor s = mm_acc(Qs.narrow(0, 0, n), Kb.narrow(0, t0, T).t(), g.acc);  // (n, T)
-    online_softmax_parallel({acc_dtype(g), n, T, s.data_ptr(), p.limits.data_ptr<int64_t>(), t0,
-                             g.scale}, m, l, acc);
+    online_softmax_parallel(
+        {acc_dtype(g), n, T, s.data_ptr(), p.limits.data_ptr<int64_t>(), t0, g.scale}, m, l, acc);
     acc.narrow(0, 0, n).add_(mm_acc(s, Vb.narrow(0, t0, T).to(g.acc), g.acc));
   }
   // Own block keys: a batched (K, R, hd) x (K, hd, bs) product.
@@ -166,7 +188,7 @@ void backward_head(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
     return x[b].reshape({g.nh * g.Q, g.hd}).index_select(0, p.rows);  // (K*R, hd)
   };
   const at::Tensor Qs = stacked(q), dO = stacked(dout);
-  const at::Tensor D = (dO.to(g.acc) * stacked(out).to(g.acc)).sum(1);       // (K*R)
+  const at::Tensor D = (dO.to(g.acc) * stacked(out).to(g.acc)).sum(1);           // (K*R)
   const at::Tensor L = lse[b].reshape(-1).index_select(0, p.rows).contiguous();  // (K*R)
   const at::Tensor Kb = k[b][h], Vb = v[b][h];
   at::Tensor dQ = at::zeros({rows, g.hd}, g.acc);
@@ -174,7 +196,7 @@ void backward_head(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
   auto tile = [&](const at::Tensor& Qt, const at::Tensor& dOt, const at::Tensor& Kt,
                   const at::Tensor& Vt, int64_t n, int64_t T, const int64_t* limits, int64_t t0,
                   at::Tensor dQt, at::Tensor dKt, at::Tensor dVt) {
-    at::Tensor s = mm_acc(Qt, Kt.transpose(-1, -2), g.acc);   // (.., n, T)
+    at::Tensor s = mm_acc(Qt, Kt.transpose(-1, -2), g.acc);                        // (.., n, T)
     at::Tensor dP = mm_acc(dOt.to(g.acc), Vt.to(g.acc).transpose(-1, -2), g.acc);  // (.., n, T)
     softmax_backward_parallel({acc_dtype(g), n, T, s.data_ptr(), limits, t0, g.scale}, L, D, dP);
     const at::Tensor dS = dP.to(st);

@@ -1,10 +1,11 @@
 // Block-sparse attention against reference::draft_attention (dense, explicit
 // mask): output and dq, dk, dv under a random per-element upstream gradient.
+#include "optimized/sparse_attention.h"
+
 #include <gtest/gtest.h>
 
 #include "core/alloc_probe.h"
 #include "harness/tolerance.h"
-#include "optimized/sparse_attention.h"
 #include "reference/step.h"
 
 namespace dflash::optimized {

@@ -18,8 +18,10 @@ CheckpointContract layer_contract(int64_t i, const at::Tensor& x, const at::Tens
                                   const DecoderLayerWeights& lw) {
   CheckpointContract c;
   c.region = fmt::format("layers.{}", i);
-  if (i == 0) c.inputs.push_back({"x (frozen embeddings)", x});
-  else c.grad_inputs.push_back({"x", x});
+  if (i == 0)
+    c.inputs.push_back({"x (frozen embeddings)", x});
+  else
+    c.grad_inputs.push_back({"x", x});
   c.grad_inputs.push_back({"context", context});
   DecoderLayerWeights view = lw;  // shares the tensors
   visit(view, c.region + ".", [&](const std::string& name, at::Tensor& t) {
@@ -51,7 +53,7 @@ at::Tensor drafter_hidden(const Config& c, const DrafterWeights& w, const Frozen
   const LayerShape s = c.drafter.shape;
   const OptimizedConfig o = c.optimized;
   const int64_t S = in.input_ids.size(1), bs = layout.block_size;
-  at::Tensor x = reference::draft_embeddings(f, layout);                       // (B, Q, H)
+  at::Tensor x = reference::draft_embeddings(f, layout);                                // (B, Q, H)
   const at::Tensor context = reference::draft_context(w, in.features, s.rms_norm_eps);  // (B, S, H)
   const reference::DraftRope rope = reference::draft_rope(S, layout.positions, s, x.scalar_type());
   // Captured by value: a checkpointed layer re-runs this in backward, after
@@ -70,19 +72,18 @@ at::Tensor drafter_hidden(const Config& c, const DrafterWeights& w, const Frozen
     }
     const bool first = i == 0;
     x = parts.checkpoint(layer_contract(int64_t(i), x, context, lw),
-                   [first, lw, s, rope, attend](const std::vector<at::Tensor>& g,
-                                                const std::vector<at::Tensor>& in) {
-                     const at::Tensor& xi = first ? in[0] : g[0];
-                     const at::Tensor& ctx = first ? g[0] : g[1];
-                     return reference::drafter_layer(xi, ctx, lw, s, rope, attend);
-                   });
+                         [first, lw, s, rope, attend](const std::vector<at::Tensor>& g,
+                                                      const std::vector<at::Tensor>& in) {
+                           const at::Tensor& xi = first ? in[0] : g[0];
+                           const at::Tensor& ctx = first ? g[0] : g[1];
+                           return reference::drafter_layer(xi, ctx, lw, s, rope, attend);
+                         });
   }
-  return reference::rms_norm(x, w.norm, s.rms_norm_eps);                      // (B, Q, H)
+  return reference::rms_norm(x, w.norm, s.rms_norm_eps);  // (B, Q, H)
 }
 
-StepOutputs drafter_step_with(const Config& c, const DrafterWeights& master,
-                              const FrozenWeights& f, const StepInputs& in,
-                              const Components& parts) {
+StepOutputs drafter_step_with(const Config& c, const DrafterWeights& master, const FrozenWeights& f,
+                              const StepInputs& in, const Components& parts) {
   const DrafterWeights w = cast(master, f.lm_head.scalar_type());
   const DraftLayout layout = parts.layout(c, in);
   const at::Tensor D = drafter_hidden(c, w, f, in, layout, parts);

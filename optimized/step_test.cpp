@@ -2,13 +2,13 @@
 // of harness/parity.h): every component switch combination float64 tight,
 // tiny.toml in float32 by the error ratio, and bfloat16 against the bfloat16
 // reference.
-#include <gtest/gtest.h>
+#include "optimized/step.h"
 
 #include <fmt/format.h>
+#include <gtest/gtest.h>
 
 #include "fixtures/fixtures.h"
 #include "harness/parity.h"
-#include "optimized/step.h"
 
 namespace dflash::optimized {
 namespace {

@@ -1,11 +1,11 @@
 #include "optimized/train.h"
 
+#include <fmt/format.h>
+
 #include <chrono>
 #include <csignal>
-#include <functional>
 #include <cstdio>
-
-#include <fmt/format.h>
+#include <functional>
 
 #include "core/safetensors.h"
 #include "fixtures/fixtures.h"
@@ -63,8 +63,10 @@ MicroResult micro_step(const StepFn& fn, const Config& c, const DrafterWeights& 
                        const FrozenWeights& f, const StepInputs& in, bool per_rank) {
   const StepOutputs out = fn(c, w, f, in);
   const double den = out.weight_sum.item<double>();
-  if (per_rank) out.loss.backward();  // the bug: normalised by this rank alone
-  else (out.loss * den).backward();
+  if (per_rank)
+    out.loss.backward();  // the bug: normalised by this rank alone
+  else
+    (out.loss * den).backward();
   return {out.loss.item<double>() * den, den, double(out.accept_sum.item<int64_t>()),
           double(out.kept_blocks.item<int64_t>())};
 }
@@ -78,11 +80,14 @@ void write_params(const std::string& path, const DrafterWeights& w) {
 
 StepLog log_line(int64_t t, double num, double den, const AdamW::Stats& s, double accept,
                  double kept, double wait, double secs) {
-  const StepLog l{t, den > 0 ? num / den : 0.0, den, s.grad_norm, s.lr,
-                  kept > 0 ? 1.0 + accept / kept : 1.0, wait, secs};
-  fmt::print("step {:>4}  loss {:.8f}  tau {:.3f}  weight {:.3f}  grad_norm {:.4e}  lr {:.3e}  "
-             "wait {:.3f}s / {:.3f}s\n", l.step, l.loss, l.tau, l.weight_sum, l.grad_norm, l.lr,
-             l.wait_seconds, l.step_seconds);
+  const StepLog l{t,    den > 0 ? num / den : 0.0,
+                  den,  s.grad_norm,
+                  s.lr, kept > 0 ? 1.0 + accept / kept : 1.0,
+                  wait, secs};
+  fmt::print(
+      "step {:>4}  loss {:.8f}  tau {:.3f}  weight {:.3f}  grad_norm {:.4e}  lr {:.3e}  "
+      "wait {:.3f}s / {:.3f}s\n",
+      l.step, l.loss, l.tau, l.weight_sum, l.grad_norm, l.lr, l.wait_seconds, l.step_seconds);
   std::fflush(stdout);
   return l;
 }
@@ -179,7 +184,8 @@ void allreduce_step(dist::Cluster& cl, const DrafterWeights& w, at::Tensor& sums
     if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
     grads.push_back(p.grad());
   }
-  bucketed(grads, [&](std::vector<at::Tensor>& b) { cl.allreduce_drafters(b, "gradient all-reduce"); });
+  bucketed(grads,
+           [&](std::vector<at::Tensor>& b) { cl.allreduce_drafters(b, "gradient all-reduce"); });
   std::vector<at::Tensor> s{sums};
   cl.allreduce_drafters(s, "loss numerator and weight-sum all-reduce");
 }
@@ -189,8 +195,10 @@ void allreduce_step(dist::Cluster& cl, const DrafterWeights& w, at::Tensor& sums
 std::vector<StepLog> train_distributed(const Config& c, const TrainOptions& o, dist::Cluster& cl) {
   const int64_t D = cl.num_drafters();
   if (o.micro_batches > 0 && o.micro_batches != D)
-    throw dist::DistError(fmt::format("--micro-batches {} but the topology has {} drafter ranks "
-                                      "(one micro-batch per drafter per step)", o.micro_batches, D));
+    throw dist::DistError(
+        fmt::format("--micro-batches {} but the topology has {} drafter ranks "
+                    "(one micro-batch per drafter per step)",
+                    o.micro_batches, D));
   std::vector<StepLog> log;
   if (cl.is_target()) run_target_rank(c, o, cl, D);
   if (cl.is_drafter()) {
@@ -199,7 +207,8 @@ std::vector<StepLog> train_distributed(const Config& c, const TrainOptions& o, d
       at::NoGradGuard ng;
       std::vector<at::Tensor> params;
       for (auto& [n, p] : named(w)) params.push_back(p.detach());
-      bucketed(params, [&](std::vector<at::Tensor>& b) { cl.broadcast_drafters(b, "initial parameters"); });
+      bucketed(params,
+               [&](std::vector<at::Tensor>& b) { cl.broadcast_drafters(b, "initial parameters"); });
     }
     const FrozenWeights frozen = fixtures::make_target(c).frozen();
     AdamW opt(named(w), o.optim);

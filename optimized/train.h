@@ -25,7 +25,7 @@ struct TrainOptions {
   int64_t micro_batches = 0;  // per optimizer step; 0: one per drafter rank
   std::string build = "optimized";
   OptimConfig optim;
-  std::string out_params;     // write the final drafter parameters (safetensors)
+  std::string out_params;  // write the final drafter parameters (safetensors)
   // Bug-zoo hook: each drafter normalises its loss by its own weight sum and
   // the ranks' gradients are averaged (SPEC.md's per-rank normalisation bug).
   bool per_rank_normalisation = false;

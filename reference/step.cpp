@@ -62,13 +62,13 @@ at::Tensor drafter_layer(const at::Tensor& x, const at::Tensor& context,
                          const AttentionFn& attend) {
   const int64_t nh = s.num_attention_heads, nkv = s.num_key_value_heads, hd = s.head_dim;
   const double eps = s.rms_norm_eps;
-  const at::Tensor h = rms_norm(x, w.input_layernorm, eps);           // (B, Q, H)
-  const at::Tensor kv_in = at::cat({context, h}, 1);                  // (B, S+Q, H)
+  const at::Tensor h = rms_norm(x, w.input_layernorm, eps);  // (B, Q, H)
+  const at::Tensor kv_in = at::cat({context, h}, 1);         // (B, S+Q, H)
   const at::Tensor q = apply_rope(normed_heads(h, w.q_proj, w.q_norm, nh, hd, eps), rope.cos_q,
-                                  rope.sin_q);                        // (B, nh, Q, hd)
-  const at::Tensor k = apply_rope(normed_heads(kv_in, w.k_proj, w.k_norm, nkv, hd, eps),
-                                  rope.cos_k, rope.sin_k);            // (B, nkv, S+Q, hd)
-  const at::Tensor v = split_heads(project(kv_in, w.v_proj), nkv, hd);  // (B, nkv, S+Q, hd)
+                                  rope.sin_q);  // (B, nh, Q, hd)
+  const at::Tensor k = apply_rope(normed_heads(kv_in, w.k_proj, w.k_norm, nkv, hd, eps), rope.cos_k,
+                                  rope.sin_k);                                // (B, nkv, S+Q, hd)
+  const at::Tensor v = split_heads(project(kv_in, w.v_proj), nkv, hd);        // (B, nkv, S+Q, hd)
   const at::Tensor x1 = x + project(merge_heads(attend(q, k, v)), w.o_proj);  // (B, Q, H)
   return x1 + swiglu_mlp(rms_norm(x1, w.post_attention_layernorm, eps), w);
 }
@@ -77,16 +77,16 @@ at::Tensor drafter_hidden(const Config& c, const DrafterWeights& w, const Frozen
                           const StepInputs& in, const DraftLayout& layout) {
   const LayerShape& s = c.drafter.shape;
   const int64_t S = in.input_ids.size(1), bs = layout.block_size;
-  at::Tensor x = draft_embeddings(f, layout);                            // (B, Q, H)
+  at::Tensor x = draft_embeddings(f, layout);                                // (B, Q, H)
   const at::Tensor context = draft_context(w, in.features, s.rms_norm_eps);  // (B, S, H)
   const DraftRope rope = draft_rope(S, layout.positions, s, x.scalar_type());
   // Step 7: the dense mask, built once for every layer.
-  const at::Tensor visible = build_draft_mask(in.anchors, S, bs);         // (B, Q, S+Q)
+  const at::Tensor visible = build_draft_mask(in.anchors, S, bs);  // (B, Q, S+Q)
   auto attend = [&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
     return masked_attention(q, k, v, visible);
   };
   for (const DecoderLayerWeights& lw : w.layers) x = drafter_layer(x, context, lw, s, rope, attend);
-  return rms_norm(x, w.norm, s.rms_norm_eps);                            // (B, Q, H)
+  return rms_norm(x, w.norm, s.rms_norm_eps);  // (B, Q, H)
 }
 
 StepOutputs loss_and_metrics(const Config& c, const at::Tensor& D, const at::Tensor& Ht,
@@ -130,9 +130,9 @@ StepOutputs loss_and_metrics(const Config& c, const at::Tensor& D, const at::Ten
 StepOutputs drafter_step(const Config& c, const DrafterWeights& master, const FrozenWeights& f,
                          const StepInputs& in) {
   const DrafterWeights w = cast(master, f.lm_head.scalar_type());
-  const DraftLayout layout = make_draft_layout(in.input_ids, in.loss_mask, in.anchors,
-                                               c.data.block_size, c.data.mask_token_id,
-                                               c.loss.gamma);
+  const DraftLayout layout =
+      make_draft_layout(in.input_ids, in.loss_mask, in.anchors, c.data.block_size,
+                        c.data.mask_token_id, c.loss.gamma);
   const at::Tensor D = drafter_hidden(c, w, f, in, layout);
   return loss_and_metrics(c, D, in.target_hidden, f.lm_head, layout, in.anchors);
 }

@@ -1,0 +1,58 @@
+// The row kernels' edge cases: the vectorised exp's accuracy, a NaN row (the
+// argmax scan must stay in bounds), and attention rows that see nothing in a
+// tile (statistics unchanged, no write before the row).
+#include "optimized/row_kernels.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace dflash::optimized {
+namespace {
+
+TEST(RowKernels, FastExpIsAccurate) {
+  double worst = 0;
+  for (float x = -87.0f; x < 88.0f; x += 0.0137f) {
+    const double e = std::exp(double(x));
+    worst = std::max(worst, std::abs(double(fast_expf(x)) - e) / e);
+  }
+  EXPECT_LT(worst, 1e-7);
+  EXPECT_GT(fast_expf(-200.0f), 0.0f);  // clamped, never 0 or NaN
+}
+
+TEST(RowKernels, NanRowStaysInBounds) {
+  const int64_t V = 8;
+  std::vector<float> zs(V, 1.0f);
+  zs[0] = std::numeric_limits<float>::quiet_NaN();
+  std::vector<int64_t> labels{3}, argmax{-1};
+  std::vector<double> w{1.0}, ce{0}, kl{0};
+  LossRows a{RowDtype::kFloat32, V,         zs.data(),    nullptr, labels.data(),
+             w.data(),           1.0,       0.0,          1.0,     true,
+             ce.data(),          kl.data(), argmax.data()};
+  loss_rows(a, 0, 1);
+  EXPECT_GE(argmax[0], 0);
+  EXPECT_LT(argmax[0], V);
+  EXPECT_TRUE(std::isnan(ce[0]));  // reported, for the caller's finiteness checks
+}
+
+TEST(RowKernels, TileWithNothingVisibleLeavesStatisticsAlone) {
+  // Two rows, three columns; row 0 sees keys < 2, row 1 (limit below the
+  // tile's offset) sees none.
+  std::vector<float> s = {0.5f, 1.0f, 2.0f, 3.0f, 4.0f, 5.0f};
+  std::vector<int64_t> limit = {12, 7};
+  std::vector<float> m = {-std::numeric_limits<float>::infinity(), 1.5f}, l = {0.0f, 2.0f};
+  std::vector<float> acc = {0.0f, 0.0f, 7.0f, 8.0f};  // hd = 2
+  AttentionRows a{RowDtype::kFloat32, 2, 3, s.data(), limit.data(), 10, 1.0};
+  online_softmax_rows(a, m.data(), l.data(), acc.data(), 2);
+  EXPECT_FLOAT_EQ(m[0], 1.0f);
+  EXPECT_FLOAT_EQ(s[2], 0.0f);  // masked column of row 0
+  EXPECT_FLOAT_EQ(m[1], 1.5f);  // row 1 untouched
+  EXPECT_FLOAT_EQ(l[1], 2.0f);
+  EXPECT_FLOAT_EQ(acc[2], 7.0f);
+  EXPECT_FLOAT_EQ(s[3] + s[4] + s[5], 0.0f);
+}
+
+}  // namespace
+}  // namespace dflash::optimized
