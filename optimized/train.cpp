@@ -238,6 +238,11 @@ std::vector<StepLog> train_distributed(const Config& c, const TrainOptions& o, d
 
 int run_train(const std::string& path, TrainOptions o) {
   const Config c = load_config(path);
+  if (c.topology.device != "cpu")
+    throw std::runtime_error(fmt::format(
+        "{}: topology.device = \"{}\": this build trains on CPU only (gloo groups, host kernels "
+        "for the fused loss and sparse attention); NCCL groups and device kernels are not built yet. "
+        "`dflash plan` and `dflash preflight` do read device configs.", path, c.topology.device));
   configure_threads(c.run.threads);
   const dist::Env env = dist::env_from_process();
   if (!env.present || env.world_size == 1) {
