@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "harness/preflight.h"
 
 namespace dflash::cli {
 namespace {
@@ -102,11 +103,36 @@ void forward(Child& c, int64_t rank, bool flush_all) {
 
 }  // namespace
 
+// `launch -- train --config C` runs preflight once, here, before any rank
+// starts (unless the ranks were told --skip-preflight), and tells the ranks.
+int preflight_before_training(const std::vector<std::string>& args) {
+  if (args.empty() || args[0] != "train") return 0;
+  std::string config;
+  for (size_t i = 1; i < args.size(); ++i) {
+    if (args[i] == "--skip-preflight") return 0;
+    if (args[i] == "--config" && i + 1 < args.size()) config = args[i + 1];
+    if (args[i].rfind("--config=", 0) == 0) config = args[i].substr(9);
+  }
+  if (config.empty()) return 0;  // the ranks will report the missing --config
+  harness::PreflightOptions o;
+  o.config = config;
+  o.cases = 25;
+  if (harness::run_preflight(o) != 0) {
+    fmt::print(stderr,
+               "dflash launch: preflight FAILED; no rank started (--skip-preflight "
+               "after `train` overrides, knowingly)\n");
+    return 1;
+  }
+  setenv("DFLASH_PREFLIGHT_PASSED", config.c_str(), 1);
+  return 0;
+}
+
 int cmd_launch(const LaunchArgs& a) {
   if (a.nproc < 1) throw std::runtime_error("launch: --nproc must be >= 1");
   if (a.args.empty())
     throw std::runtime_error(
         "launch: nothing to run (dflash launch --nproc N -- <subcommand ...>)");
+  if (const int gate = preflight_before_training(a.args); gate != 0) return gate;
   const char* p = std::getenv("MASTER_PORT");
   const int port = p ? std::atoi(p) : free_port();
   std::vector<Child> kids;

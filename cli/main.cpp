@@ -18,6 +18,9 @@
 #include "harness/preflight.h"
 #include "optimized/dist.h"
 #include "optimized/train.h"
+#include "train/data.h"
+#include "train/loop.h"
+#include "train/report.h"
 
 namespace {
 
@@ -179,23 +182,48 @@ void add_train_and_launch(CLI::App& app, Subcommands& subs, LaunchArgs& launch) 
                  "Seconds between SIGTERM and SIGKILL when a rank fails");
   subs.add(la, [&launch] { return cmd_launch(launch); });
 
-  auto o = std::make_shared<train::TrainOptions>();
-  auto cfg = std::make_shared<std::string>();
+  auto o = std::make_shared<train::RunOptions>();
   auto* tr = app.add_subcommand("train",
-                                "Train the drafter (one process, or the target/drafter "
-                                "split when launched with RANK / WORLD_SIZE)");
-  tr->add_option("--config", *cfg, "Config TOML")->required()->check(CLI::ExistingFile);
-  tr->add_option("--steps", o->steps, "Optimizer steps");
+                                "Train the drafter: preflight, then the run (one process, or the "
+                                "target/drafter split when launched with RANK / WORLD_SIZE)");
+  tr->add_option("--config", o->config, "Config TOML")->required()->check(CLI::ExistingFile);
+  tr->add_option("--steps", o->steps, "Optimizer steps (default train.steps)");
   tr->add_option("--micro-batches", o->micro_batches,
-                 "Micro-batches per step (default: one per drafter rank)");
+                 "Micro-batches per step (default train.micro_batches; split: one per drafter)");
+  tr->add_option("--lr", o->lr, "Peak learning rate (default train.lr)");
+  tr->add_option("--out-dir", o->out_dir,
+                 "Run directory (default train.out_dir, else runs/<stem>)");
+  tr->add_flag("--resume", o->resume, "Continue from the run directory's newest checkpoint");
+  tr->add_flag("--skip-preflight", o->skip_preflight,
+               "Start without the preflight checks (says loudly what is skipped)");
+  tr->add_option("--preflight-cases", o->preflight_cases, "Parity cases per property in the gate");
   tr->add_option("--build", o->build, "reference or optimized")
       ->check(CLI::IsMember({"reference", "optimized"}));
-  tr->add_option("--lr", o->optim.lr, "Peak learning rate");
-  tr->add_option("--out-params", o->out_params, "Write the final drafter parameters");
+  tr->add_option("--out-params", o->out_params, "Also write the final drafter parameters here");
+  tr->add_option("--test-poison-step", o->poison_step,
+                 "Test hook: write a NaN into fc.weight before this step");
   tr->add_flag("--zoo-per-rank-normalisation", o->per_rank_normalisation,
                "Bug-zoo hook: normalise the loss per rank (SPEC.md's bug)");
   tr->add_option("--fault", o->fault, "Test hook: rank=R,step=T,mode=exit|hang");
-  subs.add(tr, [o, cfg] { return train::run_train(*cfg, *o); });
+  subs.add(tr, [o] { return train::run_training(*o); });
+
+  auto fa = std::make_shared<std::pair<std::string, std::string>>();
+  auto shard = std::make_shared<int64_t>(256);
+  auto* fe = app.add_subcommand("features",
+                                "Precompute the target's features for offline training "
+                                "(data.source = \"features\")");
+  fe->add_option("--config", fa->first, "Config TOML")->required()->check(CLI::ExistingFile);
+  fe->add_option("--out", fa->second, "Output directory (must not exist)")->required();
+  fe->add_option("--shard-samples", *shard, "Samples per shard");
+  subs.add(fe, [fa, shard] { return train::write_features(fa->first, fa->second, *shard); });
+
+  auto run_dir = std::make_shared<std::string>();
+  auto* rp = app.add_subcommand("report", "Write RUN_DIR/report.html (curves, config, preflight)");
+  rp->add_option("run_dir", *run_dir, "Run directory")->required()->check(CLI::ExistingDirectory);
+  subs.add(rp, [run_dir] {
+    std::printf("report: %s\n", train::write_report(*run_dir).c_str());
+    return 0;
+  });
 }
 
 // `launch` hands everything after `--` to the ranks untouched: split argv

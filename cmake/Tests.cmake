@@ -9,7 +9,7 @@ include(GoogleTest)
 
 add_library(dflash_test_deps INTERFACE)
 target_link_libraries(dflash_test_deps INTERFACE
-  dflash_harness GTest::gtest GTest::gtest_main rapidcheck rapidcheck_gtest)
+  dflash_train dflash_harness GTest::gtest GTest::gtest_main rapidcheck rapidcheck_gtest)
 
 file(GLOB DFLASH_TEST_SOURCES CONFIGURE_DEPENDS
   ${PROJECT_SOURCE_DIR}/core/*_test.cpp
@@ -17,6 +17,7 @@ file(GLOB DFLASH_TEST_SOURCES CONFIGURE_DEPENDS
   ${PROJECT_SOURCE_DIR}/fixtures/*_test.cpp
   ${PROJECT_SOURCE_DIR}/harness/*_test.cpp
   ${PROJECT_SOURCE_DIR}/optimized/*_test.cpp
+  ${PROJECT_SOURCE_DIR}/train/*_test.cpp
   ${PROJECT_SOURCE_DIR}/cli/*_test.cpp)
 
 foreach(src ${DFLASH_TEST_SOURCES})

@@ -6,9 +6,11 @@
 #include <fmt/format.h>
 #include <toml++/toml.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -211,24 +213,62 @@ DType parse_dtype(const std::string& s, const std::string& label) {
 }
 
 void check_sections(const toml::table& root, const std::string& label) {
-  static const std::set<std::string> kSections = {"target", "drafter",   "data",    "loss",
-                                                  "run",    "optimized", "topology"};
+  static const std::set<std::string> kSections = {"target", "drafter",   "data",     "loss",
+                                                  "run",    "optimized", "topology", "train"};
   for (auto&& [k, v] : root) {
     std::string key(k.str());
     if (!kSections.count(key))
       throw ConfigError(
           fmt::format("{}: {}: expected one of the sections [target], [drafter], [data], [loss], "
-                      "[run], [optimized], [topology], found unknown key",
+                      "[run], [optimized], [topology], [train], found unknown key",
                       label, key));
   }
 }
 
-void read_target(Section t, TargetConfig& c) {
+// A key given both in the TOML and in the model's config.json must agree.
+template <typename T>
+void check_same(const std::string& label, const std::string& key, const T& toml_value,
+                const T& hf_value, const std::string& hf_path) {
+  if (toml_value != hf_value)
+    throw ConfigError(fmt::format("{}: target.{}: expected {} (from {}/config.json), found {}",
+                                  label, key, hf_value, hf_path, toml_value));
+}
+
+// source = "hf": the shape comes from <path>/config.json; the TOML may repeat
+// any field, and then it must match.
+void read_hf_target(Section& t, TargetConfig& c, const std::string& label) {
+  c.path = t.string("path", std::nullopt);
+  const TargetConfig hf = read_hf_config(c.path);
+  c.vocab_size = t.integer("vocab_size", hf.vocab_size);
+  c.num_hidden_layers = t.integer("num_hidden_layers", hf.num_hidden_layers);
+  c.shape = read_shape(t, &hf.shape);
+  c.tie_word_embeddings = t.boolean("tie_word_embeddings", hf.tie_word_embeddings);
+  check_same(label, "vocab_size", c.vocab_size, hf.vocab_size, c.path);
+  check_same(label, "num_hidden_layers", c.num_hidden_layers, hf.num_hidden_layers, c.path);
+  check_same(label, "hidden_size", c.shape.hidden_size, hf.shape.hidden_size, c.path);
+  check_same(label, "num_attention_heads", c.shape.num_attention_heads,
+             hf.shape.num_attention_heads, c.path);
+  check_same(label, "num_key_value_heads", c.shape.num_key_value_heads,
+             hf.shape.num_key_value_heads, c.path);
+  check_same(label, "head_dim", c.shape.head_dim, hf.shape.head_dim, c.path);
+  check_same(label, "intermediate_size", c.shape.intermediate_size, hf.shape.intermediate_size,
+             c.path);
+  check_same(label, "rope_theta", c.shape.rope_theta, hf.shape.rope_theta, c.path);
+  check_same(label, "rms_norm_eps", c.shape.rms_norm_eps, hf.shape.rms_norm_eps, c.path);
+  check_same(label, "tie_word_embeddings", c.tie_word_embeddings, hf.tie_word_embeddings, c.path);
+}
+
+void read_target(Section t, TargetConfig& c, const std::string& label) {
   c.source = t.string("source", "fixture");
-  c.vocab_size = t.integer("vocab_size", std::nullopt);
-  c.num_hidden_layers = t.integer("num_hidden_layers", std::nullopt);
-  c.shape = read_shape(t, nullptr);
-  c.tie_word_embeddings = t.boolean("tie_word_embeddings", false);
+  if (c.source == "hf") {
+    read_hf_target(t, c, label);
+  } else {
+    c.vocab_size = t.integer("vocab_size", std::nullopt);
+    c.num_hidden_layers = t.integer("num_hidden_layers", std::nullopt);
+    c.shape = read_shape(t, nullptr);
+    c.tie_word_embeddings = t.boolean("tie_word_embeddings", false);
+    c.path = t.string("path", "");
+  }
   c.init_std = t.number("init_std", 0.02);
   c.norm_init_jitter = t.number("norm_init_jitter", 0.0);
   t.reject_unknown();
@@ -255,7 +295,31 @@ void read_data(Section da, DataConfig& c) {
   c.mask_token_id = da.integer("mask_token_id", std::nullopt);
   c.input_ids = da.int_matrix("input_ids");
   c.loss_mask = da.int_matrix("loss_mask");
+  c.path = da.string("path", "");
+  c.eval_path = da.string("eval_path", "");
+  c.eval_samples = da.integer("eval_samples", 32);
+  c.num_samples = da.integer("num_samples", 512);
+  c.prompt_len = da.integer("prompt_len", 8);
   da.reject_unknown();
+}
+
+void read_train(Section s, TrainConfig& c) {
+  c.steps = s.integer("steps", 100);
+  c.micro_batches = s.integer("micro_batches", 1);
+  c.lr = s.number("lr", 3e-4);
+  c.warmup_steps = s.integer("warmup_steps", 10);
+  c.min_lr_ratio = s.number("min_lr_ratio", 0.1);
+  c.weight_decay = s.number("weight_decay", 0.0);
+  c.clip_norm = s.number("clip_norm", 1.0);
+  c.beta1 = s.number("beta1", 0.9);
+  c.beta2 = s.number("beta2", 0.95);
+  c.eval_every = s.integer("eval_every", 50);
+  c.eval_batches = s.integer("eval_batches", 4);
+  c.checkpoint_every = s.integer("checkpoint_every", 50);
+  c.keep_checkpoints = s.integer("keep_checkpoints", 2);
+  c.log_every = s.integer("log_every", 10);
+  c.out_dir = s.string("out_dir", "");
+  s.reject_unknown();
 }
 
 void read_loss_run_optimized(Section l, Section r, Section o, Config& c, const std::string& label) {
@@ -300,12 +364,13 @@ Config from_table(const toml::table& root, const std::string& label) {
   };
   Config c;
   c.path = label;
-  read_target(section("target", true), c.target);
+  read_target(section("target", true), c.target, label);
   read_drafter(section("drafter", true), c.target, c.drafter);
   read_data(section("data", true), c.data);
   read_loss_run_optimized(section("loss", false), section("run", false),
                           section("optimized", false), c, label);
   read_topology(section("topology", false), c.topology);
+  read_train(section("train", false), c.train);
   validate_config(c);
   return c;
 }
@@ -383,6 +448,82 @@ Config parse_config_json(const nlohmann::json& j, const std::string& label) {
   if (!j.is_object())
     throw ConfigError(fmt::format("{}: expected a JSON object, found {}", label, j.type_name()));
   return from_table(json_object_to_toml(j, label), label);
+}
+
+namespace {
+
+[[noreturn]] void hf_fail(const std::string& file, const std::string& key,
+                          const std::string& expected, const nlohmann::json& found) {
+  throw ConfigError(fmt::format("{}: {}: expected {}, found {}", file, key, expected,
+                                found.is_null() ? std::string("nothing") : found.dump()));
+}
+
+int64_t hf_int(const nlohmann::json& j, const std::string& file, const char* key,
+               std::optional<int64_t> def = std::nullopt) {
+  if (!j.contains(key) || j[key].is_null()) {
+    if (def) return *def;
+    hf_fail(file, key, "an integer (required)", nullptr);
+  }
+  if (!j[key].is_number_integer()) hf_fail(file, key, "an integer", j[key]);
+  return j[key].get<int64_t>();
+}
+
+double hf_number(const nlohmann::json& j, const std::string& file, const char* key, double def) {
+  if (!j.contains(key) || j[key].is_null()) return def;
+  if (!j[key].is_number()) hf_fail(file, key, "a number", j[key]);
+  return j[key].get<double>();
+}
+
+void hf_check_architecture(const nlohmann::json& j, const std::string& file) {
+  const nlohmann::json& a = j.contains("architectures") ? j["architectures"] : nlohmann::json();
+  const bool ok = a.is_array() && std::any_of(a.begin(), a.end(), [](const nlohmann::json& x) {
+                    return x == "Qwen3ForCausalLM";
+                  });
+  if (!ok)
+    hf_fail(file, "architectures", "[\"Qwen3ForCausalLM\"] (the supported target architecture)", a);
+  if (j.contains("model_type") && j["model_type"] != "qwen3")
+    hf_fail(file, "model_type", "\"qwen3\"", j["model_type"]);
+  if (j.contains("hidden_act") && j["hidden_act"] != "silu")
+    hf_fail(file, "hidden_act", "\"silu\" (SwiGLU)", j["hidden_act"]);
+  if (j.contains("attention_bias") && j["attention_bias"] != false)
+    hf_fail(file, "attention_bias", "false (no biases)", j["attention_bias"]);
+  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null())
+    hf_fail(file, "rope_scaling", "null (plain RoPE)", j["rope_scaling"]);
+}
+
+}  // namespace
+
+TargetConfig read_hf_config(const std::string& dir) {
+  const std::string file = dir + "/config.json";
+  std::ifstream in(file, std::ios::binary);
+  if (!in) throw ConfigError(fmt::format("{}: cannot open (target.path = \"{}\")", file, dir));
+  nlohmann::json j;
+  try {
+    in >> j;
+  } catch (const nlohmann::json::exception& e) {
+    throw ConfigError(fmt::format("{}: not valid JSON: {}", file, e.what()));
+  }
+  if (!j.is_object()) hf_fail(file, "(root)", "a JSON object", j);
+  hf_check_architecture(j, file);
+  TargetConfig c;
+  c.source = "hf";
+  c.path = dir;
+  c.vocab_size = hf_int(j, file, "vocab_size");
+  c.num_hidden_layers = hf_int(j, file, "num_hidden_layers");
+  LayerShape& s = c.shape;
+  s.hidden_size = hf_int(j, file, "hidden_size");
+  s.num_attention_heads = hf_int(j, file, "num_attention_heads");
+  s.num_key_value_heads = hf_int(j, file, "num_key_value_heads", s.num_attention_heads);
+  if (s.num_attention_heads <= 0)
+    hf_fail(file, "num_attention_heads", "> 0", j["num_attention_heads"]);
+  s.head_dim = hf_int(j, file, "head_dim", s.hidden_size / s.num_attention_heads);
+  s.intermediate_size = hf_int(j, file, "intermediate_size");
+  s.rope_theta = hf_number(j, file, "rope_theta", 10000.0);  // Qwen3Config's default
+  s.rms_norm_eps = hf_number(j, file, "rms_norm_eps", 1e-6);
+  if (j.contains("tie_word_embeddings") && !j["tie_word_embeddings"].is_boolean())
+    hf_fail(file, "tie_word_embeddings", "true or false", j["tie_word_embeddings"]);
+  c.tie_word_embeddings = j.value("tie_word_embeddings", false);
+  return c;
 }
 
 std::vector<int64_t> default_target_layer_ids(int64_t nt, int64_t nd) {

@@ -8,6 +8,7 @@
 #include <nlohmann/json_fwd.hpp>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace dflash {
@@ -31,13 +32,14 @@ struct LayerShape {
 };
 
 struct TargetConfig {
-  std::string source = "fixture";  // "fixture": seeded init (fixtures/)
+  std::string source = "fixture";  // "fixture": seeded init (fixtures/); "hf": see path
   int64_t vocab_size = 0;          // V
   int64_t num_hidden_layers = 0;   // Nt
   LayerShape shape;
   bool tie_word_embeddings = false;
   double init_std = 0.02;         // fixture init: N(0, init_std) weights
   double norm_init_jitter = 0.0;  // fixture init: norms 1 + jitter*N(0,1)
+  std::string path;               // source = "hf": a Hugging Face Qwen3 model directory
 };
 
 struct DrafterConfig {
@@ -58,6 +60,42 @@ struct DataConfig {
   int64_t mask_token_id = 0;                    // < vocab_size
   std::vector<std::vector<int64_t>> input_ids;  // inline only: (B, S) token ids
   std::vector<std::vector<int64_t>> loss_mask;  // inline only: (B, S) 0 or 1
+  // Sample sources for training (docs/TRAINING.md): "jsonl" (a file),
+  // "shards" (a directory of safetensors), "features" (dflash features output),
+  // "self_distill" (greedy continuations of seeded prompts by the target).
+  std::string path;           // jsonl file, shards or features directory
+  std::string eval_path;      // held-out data of the same kind ("" = hold out eval_samples)
+  int64_t eval_samples = 32;  // held-out samples when no eval_path
+  int64_t num_samples = 512;  // self_distill: training samples to generate
+  int64_t prompt_len = 8;     // self_distill: prompt tokens before the continuation
+
+  // The batch fields, the rest at their defaults (configs built in code).
+  static DataConfig batch(std::string source, int64_t batch_size, int64_t seq_len,
+                          int64_t block_size, int64_t max_anchors, int64_t mask_token_id) {
+    DataConfig d;
+    d.source = std::move(source);
+    d.batch_size = batch_size, d.seq_len = seq_len, d.block_size = block_size;
+    d.max_anchors = max_anchors, d.mask_token_id = mask_token_id;
+    return d;
+  }
+};
+
+// The training run ([train]); `dflash train` flags override these.
+struct TrainConfig {
+  int64_t steps = 100;
+  int64_t micro_batches = 1;  // gradient accumulation, normalised globally
+  double lr = 3e-4;
+  int64_t warmup_steps = 10;
+  double min_lr_ratio = 0.1;  // cosine decays to lr * min_lr_ratio
+  double weight_decay = 0.0;
+  double clip_norm = 1.0;
+  double beta1 = 0.9, beta2 = 0.95;
+  int64_t eval_every = 50;  // steps; 0 = only at the end
+  int64_t eval_batches = 4;
+  int64_t checkpoint_every = 50;
+  int64_t keep_checkpoints = 2;
+  int64_t log_every = 10;
+  std::string out_dir;  // "" = runs/<config file stem>
 };
 
 struct LossConfig {
@@ -105,6 +143,7 @@ struct Config {
   RunConfig run;
   OptimizedConfig optimized;
   TopologyConfig topology;
+  TrainConfig train;
 
   int64_t num_taps() const { return int64_t(drafter.target_layer_ids.size()); }
 };
@@ -122,6 +161,10 @@ void validate_config(const Config& c);
 // The fully resolved config, SPEC.md names, sections as in the TOML.
 nlohmann::json config_to_json(const Config& c);
 std::string config_to_toml(const Config& c);
+
+// The target fields of a Hugging Face Qwen3 model directory's config.json
+// (architectures must name Qwen3ForCausalLM); errors name the file and key.
+TargetConfig read_hf_config(const std::string& model_dir);
 
 // SPEC.md default tap rule: L = Nd ids spread evenly over [1, Nt-3], rounded
 // half to even like Python's round(); a single tap is layer Nt div 2.

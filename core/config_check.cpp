@@ -68,7 +68,7 @@ class Checker {
 
 void check_model(const Checker& ck, const Config& c) {
   const auto& t = c.target;
-  ck.one_of("target.source", t.source, {"fixture"});
+  ck.one_of("target.source", t.source, {"fixture", "hf"});
   ck.at_least("target.vocab_size", t.vocab_size, 2);
   ck.at_least("target.num_hidden_layers", t.num_hidden_layers, 1);
   ck.shape("target", t.shape);
@@ -125,7 +125,19 @@ void check_inline_rows(const Checker& ck, const Config& c) {
 
 void check_data_loss_run(const Checker& ck, const Config& c) {
   const auto& d = c.data;
-  ck.one_of("data.source", d.source, {"fixture", "inline"});
+  ck.one_of("data.source", d.source,
+            {"fixture", "inline", "jsonl", "shards", "features", "self_distill"});
+  const bool needs_path = d.source == "jsonl" || d.source == "shards" || d.source == "features";
+  if (needs_path && d.path.empty())
+    ck.fail("data.path", "a file or directory for data.source = \"" + d.source + "\"", "nothing");
+  if (!needs_path && !d.path.empty())
+    ck.fail("data.path", "no path unless data.source is jsonl, shards or features",
+            "\"" + d.path + "\"");
+  ck.at_least("data.eval_samples", d.eval_samples, 0);
+  ck.at_least("data.num_samples", d.num_samples, 1);
+  if (d.source == "self_distill" && (d.prompt_len < 1 || d.prompt_len > d.seq_len - 2))
+    ck.fail("data.prompt_len", fmt::format("in [1, data.seq_len - 2 = {}]", d.seq_len - 2),
+            std::to_string(d.prompt_len));
   ck.at_least("data.batch_size", d.batch_size, 1);
   ck.at_least("data.seq_len", d.seq_len, 2);
   ck.at_least("data.block_size", d.block_size, 2);
@@ -149,6 +161,25 @@ void check_data_loss_run(const Checker& ck, const Config& c) {
 
   ck.at_least("run.threads", c.run.threads, 0);
   ck.at_least("optimized.attention_tile", c.optimized.attention_tile, 1);
+}
+
+void check_train(const Checker& ck, const TrainConfig& t) {
+  ck.at_least("train.steps", t.steps, 1);
+  ck.at_least("train.micro_batches", t.micro_batches, 1);
+  ck.positive("train.lr", t.lr);
+  ck.at_least("train.warmup_steps", t.warmup_steps, 0);
+  if (t.min_lr_ratio < 0 || t.min_lr_ratio > 1)
+    ck.fail("train.min_lr_ratio", "a number in [0, 1]", fmt::format("{}", t.min_lr_ratio));
+  ck.non_negative("train.weight_decay", t.weight_decay);
+  ck.non_negative("train.clip_norm", t.clip_norm);
+  for (auto [key, b] : {std::pair<const char*, double>{"train.beta1", t.beta1},
+                        std::pair<const char*, double>{"train.beta2", t.beta2}})
+    if (b < 0 || b >= 1) ck.fail(key, "a number in [0, 1)", fmt::format("{}", b));
+  ck.at_least("train.eval_every", t.eval_every, 0);
+  ck.at_least("train.eval_batches", t.eval_batches, 1);
+  ck.at_least("train.checkpoint_every", t.checkpoint_every, 0);
+  ck.at_least("train.keep_checkpoints", t.keep_checkpoints, 1);
+  ck.at_least("train.log_every", t.log_every, 1);
 }
 
 void check_topology(const Checker& ck, const Config& c) {
@@ -190,6 +221,7 @@ void validate_config(const Config& c) {
   check_model(ck, c);
   check_data_loss_run(ck, c);
   check_topology(ck, c);
+  check_train(ck, c.train);
 }
 
 namespace {
@@ -207,6 +239,7 @@ nlohmann::json shape_json(const LayerShape& s) {
 nlohmann::json config_to_json(const Config& c) {
   nlohmann::json t = shape_json(c.target.shape);
   t["source"] = c.target.source;
+  if (!c.target.path.empty()) t["path"] = c.target.path;
   t["vocab_size"] = c.target.vocab_size;
   t["num_hidden_layers"] = c.target.num_hidden_layers;
   t["tie_word_embeddings"] = c.target.tie_word_embeddings;
@@ -223,6 +256,11 @@ nlohmann::json config_to_json(const Config& c) {
   j["data"] = {{"source", c.data.source},           {"batch_size", c.data.batch_size},
                {"seq_len", c.data.seq_len},         {"block_size", c.data.block_size},
                {"max_anchors", c.data.max_anchors}, {"mask_token_id", c.data.mask_token_id}};
+  if (!c.data.path.empty()) j["data"]["path"] = c.data.path;
+  if (!c.data.eval_path.empty()) j["data"]["eval_path"] = c.data.eval_path;
+  j["data"]["eval_samples"] = c.data.eval_samples;
+  j["data"]["num_samples"] = c.data.num_samples;
+  j["data"]["prompt_len"] = c.data.prompt_len;
   if (c.data.source == "inline") {
     j["data"]["input_ids"] = c.data.input_ids;
     j["data"]["loss_mask"] = c.data.loss_mask;
@@ -246,6 +284,22 @@ nlohmann::json config_to_json(const Config& c) {
   j["topology"]["memory_reserve_gb"] = c.topology.memory_reserve_gb;
   j["topology"]["timeout_s"] = c.topology.timeout_s;
   j["topology"]["queue_depth"] = c.topology.queue_depth;
+  const TrainConfig& tr = c.train;
+  j["train"] = {{"steps", tr.steps},
+                {"micro_batches", tr.micro_batches},
+                {"lr", tr.lr},
+                {"warmup_steps", tr.warmup_steps},
+                {"min_lr_ratio", tr.min_lr_ratio},
+                {"weight_decay", tr.weight_decay},
+                {"clip_norm", tr.clip_norm},
+                {"beta1", tr.beta1},
+                {"beta2", tr.beta2},
+                {"eval_every", tr.eval_every},
+                {"eval_batches", tr.eval_batches},
+                {"checkpoint_every", tr.checkpoint_every},
+                {"keep_checkpoints", tr.keep_checkpoints},
+                {"log_every", tr.log_every},
+                {"out_dir", tr.out_dir}};
   return j;
 }
 
@@ -253,7 +307,8 @@ std::string config_to_toml(const Config& c) {
   // Same tree as the JSON form, printed section by section.
   nlohmann::json j = config_to_json(c);
   std::ostringstream os;
-  for (const char* sec : {"target", "drafter", "data", "loss", "run", "optimized", "topology"}) {
+  for (const char* sec :
+       {"target", "drafter", "data", "loss", "run", "optimized", "topology", "train"}) {
     os << "[" << sec << "]\n";
     for (auto it = j[sec].begin(); it != j[sec].end(); ++it) {
       const auto& v = it.value();

@@ -1,8 +1,21 @@
 #include "core/optim.h"
 
 #include <cmath>
+#include <stdexcept>
 
 namespace dflash {
+
+OptimConfig optim_config(const TrainConfig& t) {
+  OptimConfig o;
+  o.lr = t.lr;
+  o.beta1 = t.beta1, o.beta2 = t.beta2;
+  o.weight_decay = t.weight_decay;
+  o.clip_norm = t.clip_norm;
+  o.warmup_steps = t.warmup_steps;
+  o.total_steps = t.steps;
+  o.min_lr_ratio = t.min_lr_ratio;
+  return o;
+}
 
 AdamW::AdamW(const NamedTensors& params, const OptimConfig& cfg) : params_(params), cfg_(cfg) {
   for (const auto& [name, p] : params_) {
@@ -56,6 +69,25 @@ NamedTensors AdamW::state() const {
     out.emplace_back("exp_avg_sq." + params_[i].first, v_[i]);
   }
   return out;
+}
+
+void AdamW::load_state(const std::map<std::string, at::Tensor>& moments, int64_t steps_taken,
+                       const std::string& label) {
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const std::pair<const char*, at::Tensor*> slots[] = {{"exp_avg.", &m_[i]},
+                                                         {"exp_avg_sq.", &v_[i]}};
+    for (const auto& [prefix, dst] : slots) {
+      const std::string name = prefix + params_[i].first;
+      auto it = moments.find(name);
+      if (it == moments.end())
+        throw std::runtime_error(label + ": missing optimizer tensor " + name);
+      if (it->second.sizes() != dst->sizes())
+        throw std::runtime_error(label + ": " + name + ": shape differs from the parameter's");
+      dst->copy_(it->second);
+    }
+  }
+  t_ = steps_taken;
 }
 
 }  // namespace dflash

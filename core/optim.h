@@ -6,6 +6,8 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <map>
+#include <string>
 
 #include "core/weights.h"
 
@@ -20,6 +22,9 @@ struct OptimConfig {
   int64_t total_steps = 0;  // cosine horizon; 0: constant after warmup
   double min_lr_ratio = 0.0;
 };
+
+// The [train] section's optimizer settings; the cosine horizon is train.steps.
+OptimConfig optim_config(const TrainConfig& t);
 
 class AdamW {
  public:
@@ -36,6 +41,10 @@ class AdamW {
   int64_t steps_taken() const { return t_; }
   // Moments by parameter name ("exp_avg.<name>", "exp_avg_sq.<name>").
   NamedTensors state() const;
+  // Restores state() and the step count (resume); every moment must be
+  // present with its parameter's shape, else an error naming `label`.
+  void load_state(const std::map<std::string, at::Tensor>& moments, int64_t steps_taken,
+                  const std::string& label);
 
  private:
   NamedTensors params_;

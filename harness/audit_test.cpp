@@ -38,7 +38,9 @@ TEST(Audit, ContextParametersMayBeZeroWhenNoBlockSeesContext) {
   const AuditReport rep = audit_step(reference::drafter_step, k.c, k.w, k.target, k.in);
   EXPECT_TRUE(rep.ok()) << rep.format();
   for (const auto& r : rep.rows)
-    if (r.name == "fc.weight") EXPECT_EQ(r.grad_norm, 0.0);
+    if (r.name == "fc.weight") {
+      EXPECT_EQ(r.grad_norm, 0.0);
+    }
 }
 
 TEST(Audit, NoWeightedPositionMeansZeroGradients) {

@@ -126,7 +126,8 @@ class StepCase : public BenchCase {
     cfg_.drafter.num_hidden_layers = 2;
     cfg_.drafter.shape = cfg_.target.shape;
     cfg_.drafter.target_layer_ids = {0, 1};
-    cfg_.data = {"fixture", 1, quick ? 256 : 1024, 16, quick ? 16 : 64, cfg_.target.vocab_size - 1};
+    cfg_.data = DataConfig::batch("fixture", 1, quick ? 256 : 1024, 16, quick ? 16 : 64,
+                                  cfg_.target.vocab_size - 1);
     cfg_.loss = {1.0, 0.5, 1.0, 7.0, quick ? 64 : 256};
     cfg_.optimized.checkpoint_layers = true;
     validate_config(cfg_);

@@ -134,7 +134,7 @@ TEST(MemoryCeiling, CheckpointedLayersKeepOnlyTheirInputs) {
   c.target.shape = {64, 4, 2, 16, 256, 1e6, 1e-6};
   c.drafter.shape = c.target.shape;
   c.drafter.num_hidden_layers = 3;
-  c.data = {"fixture", 2, 64, 4, 8, 31};
+  c.data = DataConfig::batch("fixture", 2, 64, 4, 8, 31);
   c.optimized.checkpoint_layers = true;
   const TargetWeights target = fixtures::make_target(c);
   const DrafterWeights w = fixtures::make_drafter(c);

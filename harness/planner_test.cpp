@@ -53,7 +53,9 @@ TEST(Planner, ParameterCountsByHand) {
   const LayerShape s{8, 2, 1, 4, 12, 1e6, 1e-6};
   EXPECT_EQ(layer_param_count(s), 16 + 64 + 64 + 64 + 8 + 288);
   Config c;
-  c.target = {"fixture", 10, 3, s, false, 0.02, 0.0};
+  c.target.source = "fixture";
+  c.target.vocab_size = 10, c.target.num_hidden_layers = 3, c.target.shape = s;
+  c.target.tie_word_embeddings = false, c.target.init_std = 0.02, c.target.norm_init_jitter = 0.0;
   c.drafter.num_hidden_layers = 2;
   c.drafter.shape = s;
   c.drafter.target_layer_ids = {0, 2};

@@ -109,6 +109,7 @@ Config scaled_twin(const Config& c) {
   Config t = c;
   t.path = c.path + " (scaled twin)";
   t.target.source = "fixture";
+  t.target.path.clear();
   t.target.vocab_size = 64;
   t.target.num_hidden_layers = 4;
   t.target.shape = twin_shape(c.target.shape);
@@ -122,6 +123,8 @@ Config scaled_twin(const Config& c) {
   t.drafter.init_std = 0.2;
   t.drafter.norm_init_jitter = 0.1;
   t.data.source = "fixture";
+  t.data.path.clear();
+  t.data.eval_path.clear();
   t.data.input_ids.clear();
   t.data.loss_mask.clear();
   // Four rows when the config batches rows, so the fixture's short and empty

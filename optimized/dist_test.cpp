@@ -12,6 +12,7 @@
 #include <regex>
 
 #include "core/safetensors.h"
+#include "fixtures/test_support.h"
 #include "harness/tolerance.h"
 
 namespace dflash {
@@ -19,41 +20,11 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct Shell {
-  int code;
-  std::string out;
-  double seconds;
-};
-
-Shell sh(const std::string& cmd) {
-  const auto t0 = std::chrono::steady_clock::now();
-  Shell r{0, "", 0};
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  std::array<char, 4096> buf;
-  while (p && fgets(buf.data(), buf.size(), p)) r.out += buf.data();
-  const int status = p ? pclose(p) : -1;
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return r;
-}
-
-std::string dflash() {
-  return std::getenv("DFLASH_BINARY") ? std::getenv("DFLASH_BINARY") : "build/dflash";
-}
-std::string cfg(const std::string& name) {
-  const char* root = std::getenv("DFLASH_SOURCE_DIR");
-  return std::string(root ? root : ".") + "/fixtures/configs/" + name;
-}
-
-struct TmpDir {
-  fs::path p = fs::temp_directory_path() / fmt_dir();
-  TmpDir() { fs::create_directories(p); }
-  ~TmpDir() { fs::remove_all(p); }
-  static std::string fmt_dir() {
-    return "dflash_dist_" + std::to_string(::getpid()) + "_" + std::to_string(rand());
-  }
-  std::string operator/(const std::string& f) const { return (p / f).string(); }
-};
+using testing_support::cfg;
+using testing_support::dflash;
+using testing_support::sh;
+using testing_support::Shell;
+using testing_support::TmpDir;
 
 std::vector<double> losses(const std::string& out) {
   std::vector<double> l;
@@ -84,12 +55,12 @@ TEST_P(SplitEqualsOneProcess, SameParametersAndLoss) {
   const SplitCase& c = GetParam();
   TmpDir tmp;
   const Shell split = sh(dflash() + " launch --nproc " + std::to_string(c.nproc) +
-                         " -- train --config " + cfg(c.config) + " --steps " +
+                         " -- train --skip-preflight --config " + cfg(c.config) + " --steps " +
                          std::to_string(c.steps) + " --out-params " + (tmp / "split.st"));
   ASSERT_EQ(split.code, 0) << split.out;
-  const Shell single =
-      sh(dflash() + " train --config " + cfg(c.config) + " --steps " + std::to_string(c.steps) +
-         " --micro-batches 2 --out-params " + (tmp / "single.st"));
+  const Shell single = sh(dflash() + " train --skip-preflight --out-dir " + (tmp / "run") +
+                          " --config " + cfg(c.config) + " --steps " + std::to_string(c.steps) +
+                          " --micro-batches 2 --out-params " + (tmp / "single.st"));
   ASSERT_EQ(single.code, 0) << single.out;
   const auto rep = compare_params(tmp / "split.st", tmp / "single.st");
   EXPECT_TRUE(rep.ok()) << rep.format();
@@ -108,19 +79,20 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(DistZoo, PerRankNormalisationIsKilled) {
   TmpDir tmp;
   const Shell split =
-      sh(dflash() + " launch --nproc 3 -- train --config " + cfg("dist-1x2.toml") +
+      sh(dflash() + " launch --nproc 3 -- train --skip-preflight --config " + cfg("dist-1x2.toml") +
          " --steps 1 --zoo-per-rank-normalisation --out-params " + (tmp / "split.st"));
   ASSERT_EQ(split.code, 0) << split.out;
-  const Shell single = sh(dflash() + " train --config " + cfg("dist-1x2.toml") +
-                          " --steps 1 --micro-batches 2 --out-params " + (tmp / "single.st"));
+  const Shell single =
+      sh(dflash() + " train --skip-preflight --out-dir " + (tmp / "run") + " --config " +
+         cfg("dist-1x2.toml") + " --steps 1 --micro-batches 2 --out-params " + (tmp / "single.st"));
   ASSERT_EQ(single.code, 0) << single.out;
   EXPECT_FALSE(compare_params(tmp / "split.st", tmp / "single.st").ok())
       << "the per-rank-normalisation mutant matched the single-process run";
 }
 
 TEST(DistFaults, DeadRankEndsTheRunAndIsNamed) {
-  const Shell r = sh(dflash() + " launch --nproc 3 -- train --config " + cfg("dist-1x2.toml") +
-                     " --steps 3 --fault rank=2,step=1,mode=exit");
+  const Shell r = sh(dflash() + " launch --nproc 3 -- train --skip-preflight --config " +
+                     cfg("dist-1x2.toml") + " --steps 3 --fault rank=2,step=1,mode=exit");
   EXPECT_EQ(r.code, 17) << r.out;  // the failing rank's exit code
   EXPECT_NE(r.out.find("rank 2 exited with code 17"), std::string::npos) << r.out;
 }
@@ -132,8 +104,8 @@ TEST(DistFaults, HungRankIsNamedByTheOthersWithinTheTimeout) {
   const Shell copy = sh("sed 's/^timeout_s = 20.0/timeout_s = 4.0/' " + cfg("dist-1x2.toml") +
                         " > " + (tmp / "fast.toml"));
   ASSERT_EQ(copy.code, 0);
-  const Shell r = sh(dflash() + " launch --nproc 3 -- train --config " + (tmp / "fast.toml") +
-                     " --steps 3 --fault rank=1,step=1,mode=hang");
+  const Shell r = sh(dflash() + " launch --nproc 3 -- train --skip-preflight --config " +
+                     (tmp / "fast.toml") + " --steps 3 --fault rank=1,step=1,mode=hang");
   EXPECT_EQ(r.code, 3) << r.out;
   EXPECT_NE(r.out.find("silent: rank 1"), std::string::npos) << r.out;
   EXPECT_LT(r.seconds, 4.0 + 15.0) << "did not end within the timeout (+ start-up and grace)";
@@ -141,14 +113,15 @@ TEST(DistFaults, HungRankIsNamedByTheOthersWithinTheTimeout) {
 
 TEST(DistStartup, ConfigDifferingOnOneRankIsRefused) {
   const Shell r = sh("DFLASH_TEST_PERTURB_CONFIG_RANK=1 " + dflash() +
-                     " launch --nproc 3 -- train --config " + cfg("dist-1x2.toml") + " --steps 1");
+                     " launch --nproc 3 -- train --skip-preflight --config " +
+                     cfg("dist-1x2.toml") + " --steps 1");
   EXPECT_EQ(r.code, 3) << r.out;
   EXPECT_NE(r.out.find("differs on rank 1"), std::string::npos) << r.out;
 }
 
 TEST(DistStartup, WorldSizeMismatchIsRefused) {
-  const Shell r =
-      sh(dflash() + " launch --nproc 2 -- train --config " + cfg("dist-1x2.toml") + " --steps 1");
+  const Shell r = sh(dflash() + " launch --nproc 2 -- train --skip-preflight --config " +
+                     cfg("dist-1x2.toml") + " --steps 1");
   EXPECT_NE(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("topology.world_size is 3 but the launcher started 2"), std::string::npos)
       << r.out;

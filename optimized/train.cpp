@@ -94,30 +94,6 @@ StepLog log_line(int64_t t, double num, double den, const AdamW::Stats& s, doubl
 
 }  // namespace
 
-std::vector<StepLog> train_single(const Config& c, const TrainOptions& o) {
-  const int64_t D = o.micro_batches > 0 ? o.micro_batches : 1;
-  const TargetWeights target = fixtures::make_target(c);
-  const DrafterWeights w = fixtures::make_drafter(c);
-  AdamW opt(named(w), o.optim);
-  const StepFn fn = step_fn(o.build);
-  std::vector<StepLog> log;
-  for (int64_t t = 0; t < o.steps; ++t) {
-    const double t0 = now();
-    zero_grads(w);
-    double num = 0, den = 0, accept = 0, kept = 0;
-    for (int64_t d = 0; d < D; ++d) {
-      const StepInputs in = fixtures::make_step_inputs(c, target, uint64_t(t * D + d));
-      const MicroResult m = micro_step(fn, c, w, target.frozen(), in, false);
-      num += m.num, den += m.den, accept += m.accept, kept += m.kept;
-    }
-    scale_grads(w, den);
-    const AdamW::Stats s = opt.step();
-    log.push_back(log_line(t, num, den, s, accept, kept, 0.0, now() - t0));
-  }
-  write_params(o.out_params, w);
-  return log;
-}
-
 namespace {
 
 // Target rank: build, run and send every micro-batch assigned to it.
@@ -245,11 +221,8 @@ int run_train(const std::string& path, TrainOptions o) {
         "`dflash plan` and `dflash preflight` do read device configs.", path, c.topology.device));
   configure_threads(c.run.threads);
   const dist::Env env = dist::env_from_process();
-  if (!env.present || env.world_size == 1) {
-    if (o.micro_batches == 0) o.micro_batches = 1;
-    train_single(c, o);
-    return 0;
-  }
+  if (!env.present || env.world_size == 1)
+    throw dist::DistError("run_train is the split; one process trains through train::run_training");
   Config local = c;
   if (const char* r = std::getenv("DFLASH_TEST_PERTURB_CONFIG_RANK"))  // test hook
     if (std::atoll(r) == env.rank) local.loss.gamma += 1.0;

@@ -39,10 +39,10 @@ struct StepLog {
   double wait_seconds, step_seconds;  // time waiting for target data, whole step
 };
 
-std::vector<StepLog> train_single(const Config& c, const TrainOptions& o);
 std::vector<StepLog> train_distributed(const Config& c, const TrainOptions& o, dist::Cluster& cl);
 
-// `dflash train`: distributed when launched with RANK / WORLD_SIZE > 1.
+// `dflash train` inside a launched rank (RANK / WORLD_SIZE > 1); one
+// process trains through train::run_training (train/loop.h).
 int run_train(const std::string& config, TrainOptions o);
 
 // `dflash bench --dist` inside a launched rank (optimized/dist_throughput.cpp).

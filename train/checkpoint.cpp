@@ -1,0 +1,207 @@
+// Atomic run checkpoints and resume.
+#include "train/checkpoint.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <set>
+
+#include "core/safetensors.h"
+#include "train/hf.h"
+
+namespace dflash::train {
+namespace fs = std::filesystem;
+namespace {
+
+std::string step_name(int64_t step) { return fmt::format("step-{:06d}", step); }
+
+// Test hook: DFLASH_TEST_CRASH_IN_CHECKPOINT=<step> dies half-way through
+// writing that checkpoint (after the weights, before the rename).
+void maybe_crash(int64_t step) {
+  const char* s = std::getenv("DFLASH_TEST_CRASH_IN_CHECKPOINT");
+  if (s && std::atoll(s) == step) {
+    fmt::print(stderr, "test hook: dying while writing checkpoint {}\n", step);
+    std::fflush(stderr);
+    std::_Exit(9);
+  }
+}
+
+std::vector<std::pair<int64_t, fs::path>> complete_checkpoints(const fs::path& root) {
+  std::vector<std::pair<int64_t, fs::path>> out;
+  if (!fs::is_directory(root)) return out;
+  static const std::regex re("step-(\\d+)");
+  for (const auto& e : fs::directory_iterator(root)) {
+    std::smatch m;
+    const std::string name = e.path().filename().string();
+    if (e.is_directory() && std::regex_match(name, m, re) &&
+        fs::exists(e.path() / "trainer_state.json"))
+      out.emplace_back(std::stoll(m[1]), e.path());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+void prune(const fs::path& root, int64_t keep) {
+  auto all = complete_checkpoints(root);
+  for (size_t i = 0; i + size_t(keep) < all.size(); ++i) fs::remove_all(all[i].second);
+  for (const auto& e : fs::directory_iterator(root))  // leftovers of killed writes
+    if (e.path().filename().string().rfind(".tmp-", 0) == 0) fs::remove_all(e.path());
+}
+
+// "section.key" -> value, for comparing resolved configs.
+void flatten(const nlohmann::json& j, const std::string& prefix,
+             std::map<std::string, nlohmann::json>& out) {
+  if (j.is_object()) {
+    for (auto it = j.begin(); it != j.end(); ++it)
+      flatten(it.value(), prefix.empty() ? it.key() : prefix + "." + it.key(), out);
+  } else {
+    out[prefix] = j;
+  }
+}
+
+bool cadence_key(const std::string& k) {
+  static const std::set<std::string> kFree = {"train.steps",
+                                              "train.log_every",
+                                              "train.eval_every",
+                                              "train.eval_batches",
+                                              "train.checkpoint_every",
+                                              "train.keep_checkpoints",
+                                              "train.out_dir",
+                                              "run.threads",
+                                              "topology.timeout_s",
+                                              "topology.queue_depth",
+                                              "topology.memory_reserve_gb",
+                                              "topology.device_memory_gb"};
+  return kFree.count(k) > 0;
+}
+
+nlohmann::json read_json(const fs::path& p) {
+  std::ifstream in(p);
+  if (!in) throw CheckpointError(fmt::format("{}: cannot open", p.string()));
+  try {
+    nlohmann::json j;
+    in >> j;
+    return j;
+  } catch (const nlohmann::json::exception& e) {
+    throw CheckpointError(fmt::format("{}: not valid JSON: {}", p.string(), e.what()));
+  }
+}
+
+}  // namespace
+
+nlohmann::json drafter_config_json(const Config& c) {
+  nlohmann::json j =
+      qwen3_fields(c.drafter.shape, c.target.vocab_size, c.drafter.num_hidden_layers, false,
+                   dtype_name(c.run.dtype == DType::kFloat64 ? DType::kFloat64 : DType::kFloat32));
+  j["architectures"] = {"DFlashDraftModel"};
+  j["block_size"] = c.data.block_size;
+  j["num_target_layers"] = c.target.num_hidden_layers;
+  j["dflash_config"] = {{"mask_token_id", c.data.mask_token_id},
+                        {"target_layer_ids", c.drafter.target_layer_ids}};
+  return j;
+}
+
+std::string save_checkpoint(const std::string& run_dir, const Config& c, const DrafterWeights& w,
+                            const AdamW& opt, const TrainerState& s) {
+  const fs::path root = fs::path(run_dir) / "checkpoints";
+  const fs::path final_dir = root / step_name(s.step);
+  const fs::path tmp = root / fmt::format(".tmp-{}-{}", step_name(s.step), ::getpid());
+  fs::remove_all(tmp);
+  fs::create_directories(tmp);
+  safetensors::NamedTensors params;
+  for (auto& [n, p] : named(w)) params.emplace_back(n, p.detach().contiguous());
+  safetensors::write((tmp / "model.safetensors").string(), params, {{"format", "pt"}});
+  maybe_crash(s.step);
+  safetensors::write((tmp / "optimizer.safetensors").string(), opt.state(),
+                     {{"format", "dflash-adamw-v1"}});
+  safetensors::write_file_atomic((tmp / "config.json").string(),
+                                 drafter_config_json(c).dump(2) + "\n");
+  const nlohmann::json state = {
+      {"step", s.step},
+      {"cursor", s.cursor},
+      {"optimizer_steps", opt.steps_taken()},
+      {"rng",
+       {{"scheme",
+         "derive_seed(run.seed, stream, index): anchors and data order are "
+         "functions of the micro-batch index, no generator state"},
+        {"seed", c.run.seed}}},
+      {"config", config_to_json(c)}};
+  safetensors::write_file_atomic((tmp / "trainer_state.json").string(), state.dump(2) + "\n");
+  if (fs::exists(final_dir)) {  // re-written after a resume: swap, then drop the old one
+    const fs::path old = root / fmt::format(".tmp-old-{}-{}", step_name(s.step), ::getpid());
+    fs::rename(final_dir, old);
+    fs::rename(tmp, final_dir);
+    fs::remove_all(old);
+  } else {
+    fs::rename(tmp, final_dir);
+  }
+  safetensors::write_file_atomic((root / "latest").string(), step_name(s.step) + "\n");
+  prune(root, c.train.keep_checkpoints);
+  return final_dir.string();
+}
+
+std::optional<std::string> latest_checkpoint(const std::string& run_dir) {
+  const auto all = complete_checkpoints(fs::path(run_dir) / "checkpoints");
+  if (all.empty()) return std::nullopt;
+  return all.back().second.string();
+}
+
+Checkpoint read_checkpoint(const std::string& dir) {
+  Checkpoint ck;
+  ck.dir = dir;
+  const nlohmann::json st = read_json(fs::path(dir) / "trainer_state.json");
+  for (const char* k : {"step", "cursor", "optimizer_steps", "config"})
+    if (!st.contains(k))
+      throw CheckpointError(fmt::format("{}/trainer_state.json: {}: missing", dir, k));
+  ck.state = {st["step"].get<int64_t>(), st["cursor"].get<int64_t>()};
+  ck.config = st["config"];
+  ck.config["__optimizer_steps"] = st["optimizer_steps"];
+  auto read_into = [&](const char* file, std::map<std::string, at::Tensor>& dst) {
+    const safetensors::File f = safetensors::read((fs::path(dir) / file).string());
+    for (const auto& [n, t] : f.tensors) dst[n] = t;
+  };
+  read_into("model.safetensors", ck.params);
+  read_into("optimizer.safetensors", ck.moments);
+  return ck;
+}
+
+void check_same_run(const Checkpoint& ck, const Config& c) {
+  std::map<std::string, nlohmann::json> there, here;
+  nlohmann::json saved = ck.config;
+  saved.erase("__optimizer_steps");
+  flatten(saved, "", there);
+  flatten(config_to_json(c), "", here);
+  std::set<std::string> keys;
+  for (const auto& [k, v] : there) keys.insert(k);
+  for (const auto& [k, v] : here) keys.insert(k);
+  for (const std::string& k : keys) {
+    if (cadence_key(k)) continue;
+    const auto a = there.find(k), b = here.find(k);
+    const std::string va = a == there.end() ? "unset" : a->second.dump();
+    const std::string vb = b == here.end() ? "unset" : b->second.dump();
+    if (va != vb)
+      throw CheckpointError(fmt::format(
+          "{}: written by a different config: {} is {} there but {} in {}; not resuming "
+          "(use another --out-dir for a new run)",
+          ck.dir, k, va, vb, c.path));
+  }
+}
+
+void restore(const Checkpoint& ck, const Config& c, DrafterWeights& w, AdamW& opt) {
+  const std::string label = ck.dir + "/model.safetensors";
+  const DrafterWeights loaded = bind_drafter(c, ck.params, master_type(c.run.dtype), label);
+  {
+    at::NoGradGuard ng;
+    const NamedTensors src = named(loaded), dst = named(w);
+    for (size_t i = 0; i < dst.size(); ++i) dst[i].second.detach().copy_(src[i].second);
+  }
+  opt.load_state(ck.moments, ck.config["__optimizer_steps"].get<int64_t>(),
+                 ck.dir + "/optimizer.safetensors");
+}
+
+}  // namespace dflash::train

@@ -1,0 +1,65 @@
+// Run checkpoints (docs/TRAINING.md).
+//
+// RUN/checkpoints/step-000050/
+//   model.safetensors      the drafter, SPEC.md names (fc.weight, layers.0...),
+//                          fp32 masters; never embed_tokens / lm_head
+//   config.json            what DFlash inference code reads: architectures
+//                          ["DFlashDraftModel"], block_size, dflash_config
+//                          {mask_token_id, target_layer_ids}, Qwen3 fields
+//   optimizer.safetensors  AdamW moments (exp_avg.<name>, exp_avg_sq.<name>)
+//   trainer_state.json     step, data cursor, RNG scheme, resolved run config
+// RUN/checkpoints/latest   name of the newest complete checkpoint
+//
+// A checkpoint is written into a temporary directory and renamed into place,
+// so a run killed at any moment leaves the previous checkpoint whole; the
+// reader only ever sees complete step-* directories.
+#pragma once
+
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+#include "core/config.h"
+#include "core/optim.h"
+#include "core/weights.h"
+
+namespace dflash::train {
+
+struct CheckpointError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct TrainerState {
+  int64_t step = 0;    // optimizer steps done
+  int64_t cursor = 0;  // next training micro-batch index g (the data cursor)
+};
+
+// The inference config.json of a drafter trained with `c`.
+nlohmann::json drafter_config_json(const Config& c);
+
+// Writes RUN/checkpoints/step-<step>, updates `latest`, keeps the newest
+// `keep` checkpoints. Returns the checkpoint directory.
+std::string save_checkpoint(const std::string& run_dir, const Config& c, const DrafterWeights& w,
+                            const AdamW& opt, const TrainerState& s);
+
+// Newest complete checkpoint under RUN/checkpoints, if any.
+std::optional<std::string> latest_checkpoint(const std::string& run_dir);
+
+struct Checkpoint {
+  std::string dir;
+  TrainerState state;
+  nlohmann::json config;  // resolved config of the run that wrote it
+  std::map<std::string, at::Tensor> params, moments;
+};
+Checkpoint read_checkpoint(const std::string& dir);
+
+// Refuses a checkpoint written by a different config (model, data, loss,
+// optimizer settings), naming the first differing key. Cadence keys
+// (train.steps, log/eval/checkpoint intervals, out_dir, threads) may change.
+void check_same_run(const Checkpoint& ck, const Config& c);
+
+// Loads parameters and optimizer state in place.
+void restore(const Checkpoint& ck, const Config& c, DrafterWeights& w, AdamW& opt);
+
+}  // namespace dflash::train

@@ -1,0 +1,258 @@
+// The training run's inputs, in process: Hugging Face directories written
+// here (sharded and unsharded, tied and untied) load back exactly; every
+// bad-input class is a clear error naming the file and the field; the
+// checkpoint format (inference config.json, no frozen tensors) and the
+// refusal of a checkpoint from a different config.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/safetensors.h"
+#include "fixtures/fixtures.h"
+#include "fixtures/test_support.h"
+#include "train/checkpoint.h"
+#include "train/data.h"
+#include "train/hf.h"
+
+namespace dflash::train {
+namespace {
+
+namespace fs = std::filesystem;
+using testing_support::TmpDir;
+
+Config hf_config(bool tied) {
+  Config c = fixtures::micro_config();
+  c.target.tie_word_embeddings = tied;
+  return c;
+}
+
+void expect_error(const std::function<void()>& f, const std::vector<std::string>& parts) {
+  try {
+    f();
+    ADD_FAILURE() << "no error; expected one mentioning " << parts[0];
+  } catch (const std::exception& e) {
+    for (const auto& p : parts)
+      EXPECT_NE(std::string(e.what()).find(p), std::string::npos)
+          << "message lacks '" << p << "': " << e.what();
+  }
+}
+
+struct HfCase {
+  const char* name;
+  int shards;
+  bool tied;
+};
+class HfDirectory : public ::testing::TestWithParam<HfCase> {};
+
+TEST_P(HfDirectory, LoadsWhatWasWritten) {
+  TmpDir tmp;
+  Config c = hf_config(GetParam().tied);
+  const TargetWeights w = fixtures::make_target(c);
+  write_hf_model(tmp / "model", c, w, GetParam().shards);
+  // The TOML names only the directory; the shape comes from config.json.
+  std::ofstream(tmp / "run.toml") << "[target]\nsource = \"hf\"\npath = \"" << (tmp / "model")
+                                  << "\"\n[drafter]\nnum_hidden_layers = 2\ntarget_layer_ids = "
+                                     "[1, 2]\n[data]\nbatch_size = 2\nseq_len = 12\nblock_size = "
+                                     "3\nmax_anchors = 3\nmask_token_id = 31\n[run]\ndtype = "
+                                     "\"float64\"\n";
+  const Config loaded = load_config(tmp / "run.toml");
+  EXPECT_EQ(loaded.target.shape.hidden_size, c.target.shape.hidden_size);
+  EXPECT_EQ(loaded.target.tie_word_embeddings, GetParam().tied);
+  const TargetWeights got = load_target(loaded);
+  TargetWeights a = w, b = got;
+  std::vector<std::pair<std::string, at::Tensor>> wa, wb;
+  visit(a, [&](const std::string& n, at::Tensor& t) { wa.emplace_back(n, t); });
+  visit(b, [&](const std::string& n, at::Tensor& t) { wb.emplace_back(n, t); });
+  ASSERT_EQ(wa.size(), wb.size());
+  for (size_t i = 0; i < wa.size(); ++i)
+    EXPECT_TRUE(at::equal(wa[i].second, wb[i].second)) << wa[i].first;
+  if (GetParam().tied) {
+    EXPECT_TRUE(got.lm_head.is_same(got.embed_tokens));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, HfDirectory,
+                         ::testing::Values(HfCase{"unsharded_untied", 1, false},
+                                           HfCase{"unsharded_tied", 1, true},
+                                           HfCase{"sharded_untied", 3, false},
+                                           HfCase{"sharded_tied", 2, true}),
+                         [](const auto& i) { return std::string(i.param.name); });
+
+// A written model with one edit, then loaded through a config.
+struct BrokenHf {
+  TmpDir tmp;
+  Config c = hf_config(false);
+  BrokenHf(int shards) {
+    write_hf_model(tmp / "m", c, fixtures::make_target(c), shards);
+    c.target.source = "hf", c.target.path = tmp / "m";
+  }
+  nlohmann::json read(const std::string& f) {
+    nlohmann::json j;
+    std::ifstream(tmp / ("m/" + f)) >> j;
+    return j;
+  }
+  void write(const std::string& f, const nlohmann::json& j) {
+    std::ofstream(tmp / ("m/" + f)) << j.dump();
+  }
+};
+
+TEST(HfBadInput, UnsupportedArchitecture) {
+  BrokenHf m(1);
+  auto j = m.read("config.json");
+  j["architectures"] = {"LlamaForCausalLM"};
+  m.write("config.json", j);
+  expect_error([&] { read_hf_config(m.c.target.path); },
+               {"config.json", "architectures", "Qwen3ForCausalLM"});
+}
+
+TEST(HfBadInput, ShapeMismatchNamesTheTensor) {
+  BrokenHf m(1);
+  Config other = m.c;
+  other.target.shape.intermediate_size += 8;  // weights written for 24, config says 32
+  expect_error([&] { load_hf_target(other); },
+               {"model.safetensors", "mlp.gate_proj.weight", "expected shape"});
+}
+
+TEST(HfBadInput, MissingShard) {
+  BrokenHf m(2);
+  fs::remove(m.tmp / "m/model-00002-of-00002.safetensors");
+  expect_error([&] { load_hf_target(m.c); }, {"model.safetensors.index.json", "missing shard"});
+}
+
+TEST(HfBadInput, MissingIndexEntry) {
+  BrokenHf m(2);
+  auto j = m.read("model.safetensors.index.json");
+  j["weight_map"].erase("model.norm.weight");
+  m.write("model.safetensors.index.json", j);
+  expect_error([&] { load_hf_target(m.c); }, {"weight_map", "no entry for model.norm.weight"});
+}
+
+TEST(HfBadInput, TomlDisagreeingWithConfigJson) {
+  BrokenHf m(1);
+  std::ofstream(m.tmp / "run.toml") << "[target]\nsource = \"hf\"\npath = \"" << m.c.target.path
+                                    << "\"\nhidden_size = 32\n[drafter]\nnum_hidden_layers = 1\n"
+                                       "[data]\nbatch_size = 1\nseq_len = 8\nblock_size = 2\n"
+                                       "max_anchors = 2\nmask_token_id = 3\n";
+  expect_error([&] { load_config(m.tmp / "run.toml"); },
+               {"target.hidden_size", "config.json", "32"});
+}
+
+Config data_config(const std::string& source, const std::string& path) {
+  Config c = fixtures::micro_config();
+  c.data.source = source, c.data.path = path;
+  validate_config(c);
+  return c;
+}
+
+TEST(DataBadInput, MalformedJsonlLineNamesFileAndLine) {
+  TmpDir tmp;
+  std::ofstream(tmp / "d.jsonl") << R"({"input_ids": [1, 2, 3], "loss_mask": [0, 1, 1]})"
+                                 << "\n\n"
+                                 << R"({"input_ids": [1, 2], "loss_mask": [0, 1])"
+                                 << "\n";
+  const Config c = data_config("jsonl", tmp / "d.jsonl");
+  expect_error([&] { read_jsonl(c, c.data.path); }, {tmp / "d.jsonl:3", "not valid JSON"});
+}
+
+TEST(DataBadInput, TokenOutsideTheVocab) {
+  TmpDir tmp;
+  std::ofstream(tmp / "d.jsonl") << R"({"input_ids": [1, 32], "loss_mask": [1, 1]})"
+                                 << "\n";
+  const Config c = data_config("jsonl", tmp / "d.jsonl");
+  expect_error([&] { read_jsonl(c, c.data.path); }, {"d.jsonl:1", "input_ids", "[0, 32)", "32"});
+}
+
+TEST(DataBadInput, LossMaskLengthDiffers) {
+  TmpDir tmp;
+  std::ofstream(tmp / "d.jsonl") << R"({"input_ids": [1, 2, 3], "loss_mask": [1, 1]})"
+                                 << "\n";
+  const Config c = data_config("jsonl", tmp / "d.jsonl");
+  expect_error([&] { read_jsonl(c, c.data.path); }, {"d.jsonl:1", "loss_mask", "3 entries"});
+}
+
+TEST(DataBadInput, MissingDataShard) {
+  TmpDir tmp;
+  fs::create_directories(tmp / "shards");
+  safetensors::write(
+      tmp / "shards/a.safetensors",
+      {{"input_ids", at::ones({2, 12}, at::kLong)}, {"loss_mask", at::ones({2, 12}, at::kByte)}},
+      {});
+  std::ofstream(tmp / "shards/index.json") << R"({"shards": ["a.safetensors", "b.safetensors"]})";
+  const Config c = data_config("shards", tmp / "shards");
+  expect_error([&] { read_shards(c, c.data.path); },
+               {"index.json", "b.safetensors", "missing shard"});
+}
+
+TEST(Data, ShardsAndJsonlPackTheSameSamples) {
+  TmpDir tmp;
+  std::ofstream(tmp / "d.jsonl") << R"({"input_ids": [1, 2, 3, 4], "loss_mask": [0, 0, 1, 1]})"
+                                 << "\n";
+  fs::create_directories(tmp / "s");
+  at::Tensor ids = at::tensor({1, 2, 3, 4}, at::kInt).view({1, 4});
+  safetensors::write(
+      tmp / "s/x.safetensors",
+      {{"input_ids", ids}, {"loss_mask", at::tensor({0, 0, 1, 1}, at::kByte).view({1, 4})}}, {});
+  const Dataset a = read_jsonl(data_config("jsonl", tmp / "d.jsonl"), tmp / "d.jsonl");
+  const Dataset b = read_shards(data_config("shards", tmp / "s"), tmp / "s");
+  EXPECT_TRUE(at::equal(a.input_ids, b.input_ids));
+  EXPECT_TRUE(at::equal(a.loss_mask, b.loss_mask));
+  EXPECT_EQ(a.input_ids.size(1), 12);  // padded to data.seq_len
+  EXPECT_FALSE(a.loss_mask[0][5].item<bool>());
+}
+
+TEST(Data, CursorIsAPureFunctionOfTheMicroBatchIndex) {
+  Config c = fixtures::micro_config();
+  c.data.source = "self_distill", c.data.num_samples = 10, c.data.prompt_len = 3;
+  c.data.batch_size = 2;
+  const TargetWeights t = fixtures::make_target(c);
+  const Dataset d = self_distill(c, t, 10, "self_distill");
+  EXPECT_TRUE(at::equal(train_batch(c, d, 7).input_ids, train_batch(c, d, 7).input_ids));
+  EXPECT_FALSE(d.loss_mask.narrow(1, 0, 3).any().item<bool>());
+  EXPECT_TRUE(d.loss_mask.narrow(1, 3, 9).all().item<bool>());
+  EXPECT_FALSE((d.input_ids == c.data.mask_token_id).any().item<bool>());
+  // An epoch (5 micro-batches of 2) visits every sample once.
+  std::vector<at::Tensor> rows;
+  for (int64_t g = 0; g < 5; ++g) rows.push_back(train_batch(c, d, g).input_ids);
+  EXPECT_TRUE(at::equal(std::get<0>(at::cat(rows).sort(0)), std::get<0>(d.input_ids.sort(0))));
+}
+
+TEST(Checkpoint, InferenceConfigAndNoFrozenTensors) {
+  TmpDir tmp;
+  Config c = fixtures::micro_config();
+  const DrafterWeights w = fixtures::make_drafter(c);
+  AdamW opt(named(w), optim_config(c.train));
+  const std::string dir = save_checkpoint(tmp / "run", c, w, opt, {3, 3});
+  nlohmann::json j;
+  std::ifstream(dir + "/config.json") >> j;
+  EXPECT_EQ(j["architectures"][0], "DFlashDraftModel");
+  EXPECT_EQ(j["block_size"], c.data.block_size);
+  EXPECT_EQ(j["dflash_config"]["mask_token_id"], c.data.mask_token_id);
+  EXPECT_EQ(j["dflash_config"]["target_layer_ids"], c.drafter.target_layer_ids);
+  EXPECT_EQ(j["num_hidden_layers"], c.drafter.num_hidden_layers);
+  const auto f = safetensors::read(dir + "/model.safetensors");
+  EXPECT_TRUE(f.has("fc.weight"));
+  EXPECT_TRUE(f.has("layers.0.self_attn.q_proj.weight"));
+  EXPECT_FALSE(f.has("embed_tokens.weight"));
+  EXPECT_FALSE(f.has("lm_head.weight"));
+  EXPECT_EQ(*latest_checkpoint(tmp / "run"), dir);
+}
+
+TEST(Checkpoint, FromADifferentConfigIsRefusedNamingTheKey) {
+  TmpDir tmp;
+  Config c = fixtures::micro_config();
+  const DrafterWeights w = fixtures::make_drafter(c);
+  AdamW opt(named(w), optim_config(c.train));
+  const std::string dir = save_checkpoint(tmp / "run", c, w, opt, {1, 1});
+  Config other = c;
+  other.loss.gamma += 1;
+  expect_error([&] { check_same_run(read_checkpoint(dir), other); },
+               {"loss.gamma", "different config"});
+  Config cadence = c;
+  cadence.train.steps *= 2, cadence.train.log_every = 1;  // allowed to change on resume
+  EXPECT_NO_THROW(check_same_run(read_checkpoint(dir), cadence));
+}
+
+}  // namespace
+}  // namespace dflash::train

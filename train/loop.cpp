@@ -1,0 +1,403 @@
+// The single-process training loop; see loop.h.
+#include "train/loop.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "core/optim.h"
+#include "core/safetensors.h"
+#include "core/step.h"
+#include "fixtures/fixtures.h"
+#include "harness/preflight.h"
+#include "harness/step_dump.h"
+#include "optimized/step.h"
+#include "optimized/train.h"
+#include "reference/step.h"
+#include "reference/target.h"
+#include "train/checkpoint.h"
+#include "train/data.h"
+#include "train/hf.h"
+#include "train/report.h"
+
+namespace dflash::train {
+namespace fs = std::filesystem;
+namespace {
+
+double now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+struct Sums {
+  double num = 0, den = 0, ce = 0, kl = 0, accept = 0, kept = 0;
+  at::Tensor correct, counted;  // (bs) int64
+  void add(const StepOutputs& out) {
+    const double d = out.weight_sum.item<double>();
+    num += out.loss.item<double>() * d, den += d;
+    ce += out.ce_sum.item<double>(), kl += out.kl_sum.item<double>();
+    accept += double(out.accept_sum.item<int64_t>()),
+        kept += double(out.kept_blocks.item<int64_t>());
+    correct = correct.defined() ? correct + out.correct : out.correct.clone();
+    counted = counted.defined() ? counted + out.counted : out.counted.clone();
+  }
+  double loss() const { return den > 0 ? num / den : 0.0; }
+  double tau() const { return kept > 0 ? 1.0 + accept / kept : 1.0; }
+  std::vector<double> accuracy() const {
+    std::vector<double> a;
+    for (int64_t k = 0; correct.defined() && k < correct.size(0); ++k) {
+      const int64_t n = counted[k].item<int64_t>();
+      a.push_back(n > 0 ? double(correct[k].item<int64_t>()) / double(n) : 0.0);
+    }
+    return a;
+  }
+};
+
+// Everything a run holds.
+struct Run {
+  Config c;
+  RunOptions o;
+  std::string dir;
+  TargetWeights target;  // undefined tensors for source = "features"
+  FrozenWeights frozen;
+  DataSplit data;
+  DrafterWeights w;
+  std::unique_ptr<AdamW> opt;
+  StepFn fn;
+  TrainerState st;
+  std::ofstream metrics;
+  double tokens_per_step = 0;
+};
+
+StepInputs inputs_of(const Run& r, const MicroBatch& mb, const char* stream, int64_t index) {
+  StepInputs in{mb.input_ids, mb.loss_mask, mb.features, mb.target_hidden, {}};
+  if (!in.features.defined()) {
+    const reference::TargetOutputs t = reference::target_forward(r.c, r.target, mb.input_ids);
+    in.features = t.features, in.target_hidden = t.final_hidden;
+  }
+  Rng rng(derive_seed(r.c.run.seed, stream, uint64_t(index)));
+  in.anchors = sample_anchors(in.loss_mask, r.c.data.max_anchors, rng);
+  return in;
+}
+
+bool finite(const at::Tensor& t) {
+  return !t.defined() || !t.is_floating_point() || at::isfinite(t).all().item<bool>();
+}
+
+// Stops the run: dumps the step (replayable with dflash step --from) and
+// names the first non-finite tensor, inputs first, then parameters, loss,
+// gradients.
+[[noreturn]] void stop_nonfinite(const Run& r, const StepInputs& in, int64_t g) {
+  const std::string dump =
+      (fs::path(r.dir) / fmt::format("nonfinite-step-{:06d}.safetensors", r.st.step + 1)).string();
+  const StepResult res = run_step(r.fn, r.c, r.w, r.frozen, in);
+  harness::write_step_dump(dump, r.c, r.w, r.frozen, in, res);
+  std::string first = "none found on replay";
+  NamedTensors order = {{"input.features", in.features}, {"input.target_hidden", in.target_hidden}};
+  for (auto& p : named(r.w)) order.push_back(p);
+  order.emplace_back("output.loss", res.out.loss);
+  for (auto& [n, t] : res.grads) order.emplace_back("grad." + n, t);
+  for (auto& [n, t] : order)
+    if (!finite(t)) {
+      first = n;
+      break;
+    }
+  throw std::runtime_error(fmt::format(
+      "non-finite loss or gradient at step {} (micro-batch {}): first non-finite tensor: {}; "
+      "step dump: {} (replay: dflash step --from {})",
+      r.st.step + 1, g, first, dump, dump));
+}
+
+void check_gradients(const Run& r, const StepInputs& in, int64_t g) {
+  for (auto& [n, p] : named(r.w))
+    if (!finite(p.grad())) stop_nonfinite(r, in, g);
+}
+
+void append_metrics(Run& r, const nlohmann::json& j) {
+  r.metrics << j.dump() << "\n";
+  r.metrics.flush();
+}
+
+Sums evaluate(Run& r) {
+  Sums s;
+  for (int64_t i = 0; i < r.c.train.eval_batches; ++i) {
+    const StepInputs in = inputs_of(r, eval_batch(r.c, r.data.eval, i), "eval_anchors", i);
+    at::NoGradGuard ng;
+    s.add(r.fn(r.c, r.w, r.frozen, in));
+  }
+  const std::vector<double> acc = s.accuracy();
+  fmt::print("eval @ {}: loss {:.6f}  tau {:.3f}  accuracy [{:.3f}]\n", r.st.step, s.loss(),
+             s.tau(), fmt::join(acc, ", "));
+  append_metrics(r, {{"kind", "eval"},
+                     {"step", r.st.step},
+                     {"loss", s.loss()},
+                     {"tau", s.tau()},
+                     {"accuracy", acc}});
+  return s;
+}
+
+bool has_eval(const Run& r) {
+  return r.data.eval.size() > 0 || r.c.data.source == "fixture" || r.c.data.source == "inline";
+}
+
+// One optimizer step: D micro-batches, global normalisation, clip + AdamW.
+Sums train_step(Run& r) {
+  const int64_t D = r.c.train.micro_batches;
+  for (auto& [n, p] : named(r.w)) p.mutable_grad().reset();
+  if (r.o.poison_step == r.st.step + 1) {
+    at::NoGradGuard ng;
+    r.w.fc.view(-1)[0] = NAN;
+  }
+  Sums s;
+  for (int64_t d = 0; d < D; ++d) {
+    const int64_t g = r.st.cursor++;
+    const StepInputs in = inputs_of(r, train_batch(r.c, r.data.train, g), "anchors", g);
+    const StepOutputs out = r.fn(r.c, r.w, r.frozen, in);
+    if (!std::isfinite(out.loss.item<double>())) stop_nonfinite(r, in, g);
+    (out.loss * out.weight_sum.item<double>()).backward();  // numerator; divided below
+    check_gradients(r, in, g);
+    s.add(out);
+  }
+  if (s.den > 0) {
+    at::NoGradGuard ng;
+    for (auto& [n, p] : named(r.w))
+      if (p.grad().defined()) p.mutable_grad().div_(s.den);
+  }
+  return s;
+}
+
+std::string eta_text(double seconds) {
+  const int64_t s = int64_t(seconds + 0.5);
+  return s >= 3600 ? fmt::format("{}h{:02d}m", s / 3600, (s % 3600) / 60)
+                   : fmt::format("{}m{:02d}s", s / 60, s % 60);
+}
+
+void progress(Run& r, const Sums& s, const AdamW::Stats& st, double step_s, double mean_s) {
+  const int64_t left = r.c.train.steps - r.st.step;
+  append_metrics(r, {{"kind", "train"},
+                     {"step", r.st.step},
+                     {"loss", s.loss()},
+                     {"ce", s.den > 0 ? s.ce / s.den : 0.0},
+                     {"kl", s.den > 0 ? s.kl / s.den : 0.0},
+                     {"tau", s.tau()},
+                     {"weight_sum", s.den},
+                     {"grad_norm", st.grad_norm},
+                     {"lr", st.lr},
+                     {"tokens_per_s", r.tokens_per_step / step_s},
+                     {"step_s", step_s}});
+  if (r.st.step % r.c.train.log_every != 0 && r.st.step != 1 && left != 0) return;
+  fmt::print(
+      "step {:>5}  loss {:.8f}  tau {:.3f}  lr {:.3e}  grad_norm {:.3e}  {:.0f} tok/s  ETA {}\n",
+      r.st.step, s.loss(), s.tau(), st.lr, st.grad_norm, r.tokens_per_step / mean_s,
+      eta_text(mean_s * double(left)));
+  std::fflush(stdout);
+}
+
+void maybe_exit_after(int64_t step) {  // test hook: a kill between steps
+  const char* s = std::getenv("DFLASH_TEST_EXIT_AFTER_STEP");
+  if (s && std::atoll(s) == step) {
+    fmt::print(stderr, "test hook: exiting after step {}\n", step);
+    std::_Exit(9);
+  }
+}
+
+}  // namespace
+}  // namespace dflash::train
+
+namespace dflash::train {
+namespace {
+
+std::string run_dir_for(const Config& c, const RunOptions& o) {
+  if (!o.out_dir.empty()) return o.out_dir;
+  if (!c.train.out_dir.empty()) return c.train.out_dir;
+  return (fs::path("runs") / fs::path(o.config).stem()).string();
+}
+
+// Everything that can reject the run's inputs, read-only: nothing in the
+// run directory is written before this has passed.
+std::unique_ptr<Run> prepare(const Config& c, const RunOptions& o) {
+  auto r = std::make_unique<Run>();
+  r->c = c, r->o = o, r->dir = run_dir_for(c, o);
+  if (c.data.source == "features") {
+    r->frozen = read_features_frozen(c, c.data.path);
+  } else {
+    r->target = load_target(c);
+    r->frozen = r->target.frozen();
+  }
+  r->data = load_data(c, c.data.source == "features" ? nullptr : &r->target);
+  r->w = fixtures::make_drafter(c);
+  r->opt = std::make_unique<AdamW>(named(r->w), optim_config(c.train));
+  r->fn =
+      o.build == "reference" ? StepFn(reference::drafter_step) : StepFn(optimized::drafter_step);
+  r->tokens_per_step = double(c.data.batch_size * c.data.seq_len * c.train.micro_batches);
+  const auto latest = latest_checkpoint(r->dir);
+  if (latest && !o.resume)
+    throw std::runtime_error(fmt::format(
+        "{} already holds checkpoints ({}); pass --resume to continue that run or --out-dir "
+        "for a new one; nothing was overwritten",
+        r->dir, *latest));
+  if (latest) {
+    const Checkpoint ck = read_checkpoint(*latest);
+    check_same_run(ck, c);
+    restore(ck, c, r->w, *r->opt);
+    r->st = ck.state;
+    fmt::print("resuming from {} (step {}, data cursor {})\n", *latest, r->st.step, r->st.cursor);
+  } else if (o.resume) {
+    fmt::print("resume: no complete checkpoint in {}; starting at step 0\n", r->dir);
+  }
+  return r;
+}
+
+// metrics.jsonl keeps what happened up to the resumed step.
+void open_metrics(Run& r) {
+  const fs::path file = fs::path(r.dir) / "metrics.jsonl";
+  std::string kept;
+  if (r.st.step > 0 && fs::exists(file)) {
+    std::ifstream in(file);
+    for (std::string line; std::getline(in, line);) {
+      const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+      if (!j.is_discarded() && j.value("step", int64_t(-1)) <= r.st.step) kept += line + "\n";
+    }
+  }
+  safetensors::write_file_atomic(file.string(), kept);
+  r.metrics.open(file, std::ios::app);
+}
+
+void checkpoint(Run& r) {
+  const std::string d = save_checkpoint(r.dir, r.c, r.w, *r.opt, r.st);
+  fmt::print("checkpoint: {}\n", d);
+}
+
+RunSummary run_loop(Run& r) {
+  fs::create_directories(r.dir);
+  safetensors::write_file_atomic((fs::path(r.dir) / "config.toml").string(), config_to_toml(r.c));
+  open_metrics(r);
+  RunSummary sum{r.dir, "", r.c.train.steps, 0, 0};
+  if (r.st.step == 0 && has_eval(r)) sum.first_eval_tau = evaluate(r).tau();
+  double spent = 0;
+  int64_t timed = 0;
+  int64_t saved = -1;
+  while (r.st.step < r.c.train.steps) {
+    const double t0 = now();
+    const Sums s = train_step(r);
+    const AdamW::Stats st = r.opt->step();
+    ++r.st.step;
+    const double dt = now() - t0;
+    spent += dt, ++timed;
+    progress(r, s, st, dt, spent / double(timed));
+    const bool last = r.st.step == r.c.train.steps;
+    if (!last && r.c.train.eval_every > 0 && r.st.step % r.c.train.eval_every == 0 && has_eval(r))
+      evaluate(r);
+    if (r.c.train.checkpoint_every > 0 && r.st.step % r.c.train.checkpoint_every == 0)
+      checkpoint(r), saved = r.st.step;
+    maybe_exit_after(r.st.step);
+  }
+  if (has_eval(r)) sum.last_eval_tau = evaluate(r).tau();
+  if (saved != r.st.step) checkpoint(r);
+  if (!r.o.out_params.empty()) {
+    safetensors::NamedTensors t;
+    for (auto& [n, p] : named(r.w)) t.emplace_back(n, p.detach());
+    safetensors::write(r.o.out_params, t, {{"format", "dflash-drafter-params-v1"}});
+  }
+  r.metrics.close();
+  sum.report = write_report(r.dir);
+  return sum;
+}
+
+// Preflight first; its verdict goes beside the run. Returns false when the
+// run must not start.
+bool gate(const Config& c, const RunOptions& o, const std::string& dir) {
+  const fs::path verdict =
+      fs::temp_directory_path() / fmt::format("dflash-preflight-{}.json", ::getpid());
+  if (o.skip_preflight) {
+    fmt::print(stderr,
+               "\n*** WARNING: --skip-preflight: NOT checking this config before training. ***\n"
+               "*** Skipped: gradient parity of the optimized step against the reference, the\n"
+               "*** requires_grad / frozen-weight audit, the memory ceilings of the fused loss\n"
+               "*** and sparse attention, the full-scale memory plan and the real-step check.\n\n");
+    safetensors::write_file_atomic(verdict.string(),
+                                   nlohmann::json({{"config", c.path},
+                                                   {"passed", nullptr},
+                                                   {"skipped", true},
+                                                   {"checks", nlohmann::json::array()}})
+                                           .dump(2) +
+                                       "\n");
+  } else {
+    harness::PreflightOptions p;
+    p.config = o.config;
+    p.json = verdict.string();
+    p.cases = o.preflight_cases;
+    if (harness::run_preflight(p) != 0) {
+      fmt::print(stderr,
+                 "dflash train: preflight FAILED (table above); not training. Fix the config "
+                 "or, knowingly, pass --skip-preflight.\n");
+      fs::remove(verdict);
+      return false;
+    }
+  }
+  fs::create_directories(dir);
+  fs::copy_file(verdict, fs::path(dir) / "preflight.json", fs::copy_options::overwrite_existing);
+  fs::remove(verdict);
+  return true;
+}
+
+int run_split(const Config& c, const RunOptions& o) {
+  if (!o.skip_preflight && !std::getenv("DFLASH_PREFLIGHT_PASSED"))
+    throw std::runtime_error(
+        "a launched rank does not run preflight itself: start the split with `dflash launch` "
+        "(which runs it once before spawning the ranks), or run `dflash preflight` first and "
+        "pass --skip-preflight to every rank");
+  TrainOptions t;
+  t.steps = c.train.steps;
+  t.micro_batches = o.micro_batches;
+  t.build = o.build;
+  t.optim = optim_config(c.train);
+  t.out_params = o.out_params;
+  t.per_rank_normalisation = o.per_rank_normalisation;
+  t.fault = o.fault;
+  return run_train(o.config, t);
+}
+
+}  // namespace
+
+Config resolve_config(const RunOptions& o) {
+  Config c = load_config(o.config);
+  if (o.steps > 0) c.train.steps = o.steps;
+  if (o.micro_batches > 0) c.train.micro_batches = o.micro_batches;
+  if (o.lr > 0) c.train.lr = o.lr;
+  if (!o.out_dir.empty()) c.train.out_dir = o.out_dir;
+  validate_config(c);
+  return c;
+}
+
+RunSummary train_run(const Config& c, const RunOptions& o) {
+  configure_threads(c.run.threads);
+  std::unique_ptr<Run> r = prepare(c, o);
+  return run_loop(*r);
+}
+
+int run_training(const RunOptions& o) {
+  const char* ws = std::getenv("WORLD_SIZE");
+  const Config c = resolve_config(o);
+  if (ws && std::atoll(ws) > 1) return run_split(c, o);
+  if (c.topology.device != "cpu")
+    throw std::runtime_error(fmt::format(
+        "{}: topology.device = \"{}\": this build trains on CPU only (host kernels for the fused "
+        "loss and sparse attention); `dflash plan` and `dflash preflight` do read device configs",
+        o.config, c.topology.device));
+  configure_threads(c.run.threads);
+  std::unique_ptr<Run> r = prepare(c, o);  // every input checked before anything is written
+  if (!gate(c, o, r->dir)) return 1;
+  const RunSummary s = run_loop(*r);
+  fmt::print("\ntrained {} steps; held-out tau {:.3f} -> {:.3f}\nreport: {}\n", s.steps,
+             s.first_eval_tau, s.last_eval_tau, s.report);
+  return 0;
+}
+
+}  // namespace dflash::train

@@ -1,0 +1,175 @@
+// The run report: SVG line charts drawn by hand (polylines on a fixed frame).
+#include "train/report.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <stdexcept>
+#include <vector>
+
+#include "core/safetensors.h"
+
+namespace dflash::train {
+namespace fs = std::filesystem;
+namespace {
+
+struct Series {
+  std::string name, color;
+  std::vector<std::pair<double, double>> points;  // (step, value)
+};
+
+std::string escape(const std::string& s) {
+  std::string o;
+  for (char ch : s) {
+    if (ch == '<')
+      o += "&lt;";
+    else if (ch == '>')
+      o += "&gt;";
+    else if (ch == '&')
+      o += "&amp;";
+    else if (ch == '"')
+      o += "&quot;";
+    else
+      o += ch;
+  }
+  return o;
+}
+
+// A 640 x 260 chart: frame, min/max labels on both axes, one polyline per series.
+std::string chart(const std::string& title, const std::vector<Series>& series) {
+  double x0 = 1e300, x1 = -1e300, y0 = 1e300, y1 = -1e300;
+  for (const Series& s : series)
+    for (auto [x, y] : s.points)
+      x0 = std::min(x0, x), x1 = std::max(x1, x), y0 = std::min(y0, y), y1 = std::max(y1, y);
+  if (x0 > x1) return fmt::format("<h3>{}</h3><p>no data</p>\n", escape(title));
+  if (x1 == x0) x1 = x0 + 1;
+  if (y1 == y0) y1 = y0 + 1;
+  const double W = 640, H = 260, L = 60, R = 150, T = 20, B = 30;
+  auto px = [&](double x) { return L + (x - x0) / (x1 - x0) * (W - L - R); };
+  auto py = [&](double y) { return H - B - (y - y0) / (y1 - y0) * (H - T - B); };
+  std::ostringstream o;
+  o << fmt::format(
+      "<h3>{}</h3>\n<svg width=\"{}\" height=\"{}\" xmlns=\"http://www.w3.org/2000/svg\" "
+      "font-family=\"sans-serif\" font-size=\"11\">\n",
+      escape(title), W, H);
+  o << fmt::format(
+      "<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" stroke=\"#999\"/>\n", L, T,
+      W - L - R, H - T - B);
+  o << fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{:.4g}</text>\n", L - 4, T + 8, y1);
+  o << fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{:.4g}</text>\n", L - 4, H - B, y0);
+  o << fmt::format("<text x=\"{}\" y=\"{}\">step {:g}</text>\n", L, H - B + 16, x0);
+  o << fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"end\">step {:g}</text>\n", W - R,
+                   H - B + 16, x1);
+  for (size_t i = 0; i < series.size(); ++i) {
+    const Series& s = series[i];
+    std::string pts;
+    for (auto [x, y] : s.points) pts += fmt::format("{:.1f},{:.1f} ", px(x), py(y));
+    o << fmt::format("<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"1.5\" points=\"{}\"/>\n",
+                     s.color, pts);
+    if (s.points.size() == 1)
+      o << fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3\" fill=\"{}\"/>\n",
+                       px(s.points[0].first), py(s.points[0].second), s.color);
+    o << fmt::format("<text x=\"{}\" y=\"{}\" fill=\"{}\">{}</text>\n", W - R + 8,
+                     T + 12 + 14 * double(i), s.color, escape(s.name));
+  }
+  o << "</svg>\n";
+  return o.str();
+}
+
+const char* kColors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd",
+                         "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
+
+std::string read_text(const fs::path& p) {
+  std::ifstream in(p);
+  if (!in) return "";
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::vector<nlohmann::json> read_metrics(const fs::path& file) {
+  std::ifstream in(file);
+  if (!in)
+    throw std::runtime_error(
+        fmt::format("{}: cannot open (is this a run directory?)", file.string()));
+  std::vector<nlohmann::json> rows;
+  int64_t n = 0;
+  for (std::string line; std::getline(in, line);) {
+    ++n;
+    if (line.empty()) continue;
+    nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.is_object() || !j.contains("step") || !j.contains("kind"))
+      throw std::runtime_error(
+          fmt::format("{}:{}: expected a metrics object with kind and step", file.string(), n));
+    rows.push_back(std::move(j));
+  }
+  return rows;
+}
+
+std::string verdict_html(const fs::path& file) {
+  const std::string text = read_text(file);
+  if (text.empty()) return "<p>no preflight verdict recorded</p>\n";
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded()) return "<p>preflight.json is not valid JSON</p>\n";
+  if (j.value("skipped", false))
+    return "<p style=\"color:#d62728\"><b>preflight SKIPPED</b> (--skip-preflight)</p>\n";
+  std::ostringstream o;
+  o << "<p><b>preflight " << (j.value("passed", false) ? "passed" : "FAILED") << "</b></p>\n"
+    << "<table border=\"1\" cellpadding=\"3\" cellspacing=\"0\"><tr><th>check</th><th>result</th>"
+       "<th>seconds</th><th>key figure</th></tr>\n";
+  for (const auto& c : j.value("checks", nlohmann::json::array()))
+    o << fmt::format("<tr><td>{}</td><td>{}</td><td>{:.2f}</td><td>{}</td></tr>\n",
+                     escape(c.value("check", "")), escape(c.value("result", "")),
+                     c.value("seconds", 0.0), escape(c.value("figure", "")));
+  o << "</table>\n";
+  return o.str();
+}
+
+}  // namespace
+
+std::string write_report(const std::string& run_dir) {
+  const fs::path dir(run_dir);
+  const std::vector<nlohmann::json> rows = read_metrics(dir / "metrics.jsonl");
+  Series loss{"train loss", kColors[0], {}}, eloss{"held-out loss", kColors[1], {}};
+  Series tau{"train tau", kColors[0], {}}, etau{"held-out tau", kColors[1], {}};
+  std::map<size_t, Series> slots;
+  for (const auto& j : rows) {
+    const double step = j["step"].get<double>();
+    const bool eval = j["kind"] == "eval";
+    (eval ? eloss : loss).points.emplace_back(step, j.value("loss", 0.0));
+    (eval ? etau : tau).points.emplace_back(step, j.value("tau", 1.0));
+    if (!eval) continue;
+    const auto acc = j.value("accuracy", std::vector<double>{});
+    for (size_t k = 1; k < acc.size(); ++k) {
+      Series& s = slots[k];
+      s.name = fmt::format("slot {}", k), s.color = kColors[(k - 1) % 10];
+      s.points.emplace_back(step, acc[k]);
+    }
+  }
+  std::vector<Series> acc_series;
+  for (auto& [k, s] : slots) acc_series.push_back(s);
+  std::ostringstream o;
+  o << "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>dflash run " << escape(run_dir)
+    << "</title></head>\n<body style=\"font-family:sans-serif;max-width:900px\">\n"
+    << "<h1>dflash training run</h1>\n<p>" << escape(fs::absolute(dir).string()) << "</p>\n";
+  if (!etau.points.empty())
+    o << fmt::format("<p>held-out tau: {:.3f} at step {:g} &rarr; {:.3f} at step {:g}</p>\n",
+                     etau.points.front().second, etau.points.front().first,
+                     etau.points.back().second, etau.points.back().first);
+  o << "<h2>Preflight</h2>\n" << verdict_html(dir / "preflight.json");
+  o << "<h2>Curves</h2>\n"
+    << chart("loss", {loss, eloss}) << chart("tau (expected acceptance length)", {tau, etau})
+    << chart("held-out per-slot accuracy", acc_series);
+  o << "<h2>Config</h2>\n<pre>" << escape(read_text(dir / "config.toml"))
+    << "</pre>\n</body></html>\n";
+  const std::string out = (dir / "report.html").string();
+  safetensors::write_file_atomic(out, o.str());
+  return out;
+}
+
+}  // namespace dflash::train

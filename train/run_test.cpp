@@ -1,0 +1,246 @@
+// `dflash train` end to end on a small self-distillation config: resume is
+// bit-exact after a kill; a kill while a checkpoint is written leaves the
+// previous one loadable; an existing run or a different config is refused
+// with nothing overwritten; a non-finite loss stops the run with a dump that
+// names the first non-finite tensor; offline features train like the online
+// target; --skip-preflight is loud; the report is written.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include "core/safetensors.h"
+#include "fixtures/test_support.h"
+#include "harness/step_dump.h"
+#include "train/checkpoint.h"
+
+namespace dflash::train {
+namespace {
+
+namespace fs = std::filesystem;
+using testing_support::dflash;
+using testing_support::sh;
+using testing_support::Shell;
+using testing_support::TmpDir;
+
+// Small enough that a step takes milliseconds; float64 so that offline and
+// online features agree to 1e-10.
+std::string small_config(const std::string& data =
+                             "source = \"self_distill\"\nnum_samples = 24\n"
+                             "eval_samples = 8\nprompt_len = 4\n",
+                         const std::string& extra = "") {
+  return "[target]\nvocab_size = 64\nhidden_size = 16\nnum_hidden_layers = 4\n"
+         "num_attention_heads = 4\nnum_key_value_heads = 2\nhead_dim = 8\nintermediate_size = 32\n"
+         "init_std = 0.2\n[drafter]\nnum_hidden_layers = 2\ntarget_layer_ids = [1, 2]\n"
+         "init_std = 0.2\n[data]\n" +
+         data +
+         "batch_size = 4\nseq_len = 20\nblock_size = 4\nmax_anchors = 4\nmask_token_id = 63\n"
+         "[loss]\nkl_weight = 0.5\ngamma = 2.0\nchunk_size = 5\n[run]\nseed = 5\ndtype = "
+         "\"float64\"\n[optimized]\ncheckpoint_layers = true\nattention_tile = 7\n[train]\n"
+         "steps = 4\nlr = 1e-2\nwarmup_steps = 1\ncheckpoint_every = 2\neval_every = 2\n"
+         "eval_batches = 2\nlog_every = 1\n" +
+         extra;
+}
+
+struct RunFixture {
+  TmpDir tmp;
+  std::string config = tmp / "small.toml";
+  explicit RunFixture(const std::string& text = small_config()) { std::ofstream(config) << text; }
+  Shell train(const std::string& out, const std::string& args = "", const std::string& env = "") {
+    return sh(env + " " + dflash() + " train --skip-preflight --config " + config + " --out-dir " +
+              (tmp / out) + " --out-params " + (tmp / (out + ".params")) + " " + args);
+  }
+  safetensors::File params(const std::string& out) {
+    return safetensors::read(tmp / (out + ".params"));
+  }
+};
+
+void expect_bitwise_equal(const safetensors::File& a, const safetensors::File& b) {
+  ASSERT_EQ(a.tensors.size(), b.tensors.size());
+  for (size_t i = 0; i < a.tensors.size(); ++i)
+    EXPECT_TRUE(at::equal(a.tensors[i].second, b.get(a.tensors[i].first))) << a.tensors[i].first;
+}
+
+std::string slurp(const std::string& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+TEST(Resume, KillThenResumeIsBitExact) {
+  RunFixture f;
+  const Shell straight = f.train("straight");
+  ASSERT_EQ(straight.code, 0) << straight.out;
+  const Shell killed = f.train("resumed", "", "DFLASH_TEST_EXIT_AFTER_STEP=2");
+  ASSERT_EQ(killed.code, 9) << killed.out;
+  ASSERT_FALSE(fs::exists(f.tmp / "resumed.params"));
+  const Shell resumed = f.train("resumed", "--resume");
+  ASSERT_EQ(resumed.code, 0) << resumed.out;
+  EXPECT_NE(resumed.out.find("resuming from"), std::string::npos) << resumed.out;
+  expect_bitwise_equal(f.params("straight"), f.params("resumed"));
+  // metrics.jsonl holds each step once.
+  std::ifstream m(f.tmp / "resumed/metrics.jsonl");
+  int train_lines = 0;
+  for (std::string l; std::getline(m, l);)
+    train_lines += l.find("\"kind\":\"train\"") != std::string::npos;
+  EXPECT_EQ(train_lines, 4);
+}
+
+TEST(Resume, KillDuringCheckpointWriteKeepsThePreviousOne) {
+  RunFixture f;
+  const Shell straight = f.train("straight");
+  ASSERT_EQ(straight.code, 0) << straight.out;
+  const Shell killed = f.train("run", "", "DFLASH_TEST_CRASH_IN_CHECKPOINT=4");
+  ASSERT_EQ(killed.code, 9) << killed.out;
+  const auto latest = latest_checkpoint(f.tmp / "run");
+  ASSERT_TRUE(latest.has_value());
+  EXPECT_EQ(fs::path(*latest).filename(), "step-000002");
+  const Checkpoint ck = read_checkpoint(*latest);  // loadable
+  EXPECT_EQ(ck.state.step, 2);
+  const Shell resumed = f.train("run", "--resume");
+  ASSERT_EQ(resumed.code, 0) << resumed.out;
+  expect_bitwise_equal(f.params("straight"), f.params("run"));
+}
+
+TEST(Refusals, ExistingRunWithoutResumeOverwritesNothing) {
+  RunFixture f;
+  ASSERT_EQ(f.train("run").code, 0);
+  const std::string before = slurp(f.tmp / "run/checkpoints/step-000004/model.safetensors");
+  const std::string metrics = slurp(f.tmp / "run/metrics.jsonl");
+  const Shell again = f.train("run");
+  EXPECT_NE(again.code, 0);
+  EXPECT_NE(again.out.find("already holds checkpoints"), std::string::npos) << again.out;
+  EXPECT_EQ(before, slurp(f.tmp / "run/checkpoints/step-000004/model.safetensors"));
+  EXPECT_EQ(metrics, slurp(f.tmp / "run/metrics.jsonl"));
+}
+
+TEST(Refusals, CheckpointOfADifferentConfigIsRefused) {
+  RunFixture f;
+  ASSERT_EQ(f.train("run", "--steps 2").code, 0);
+  const std::string metrics = slurp(f.tmp / "run/metrics.jsonl");
+  std::ofstream(f.config) << small_config().replace(small_config().find("gamma = 2.0"), 11,
+                                                    "gamma = 3.0");
+  const Shell r = f.train("run", "--resume");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("loss.gamma is 2.0 there but 3.0"), std::string::npos) << r.out;
+  EXPECT_EQ(metrics, slurp(f.tmp / "run/metrics.jsonl"));
+}
+
+TEST(NonFinite, StopsWithADumpNamingTheFirstNonFiniteTensor) {
+  RunFixture f;
+  const Shell r = f.train("run", "--test-poison-step 3");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("at step 3"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("first non-finite tensor: fc.weight"), std::string::npos) << r.out;
+  const std::string dump = f.tmp / "run/nonfinite-step-000003.safetensors";
+  ASSERT_TRUE(fs::exists(dump)) << r.out;
+  const harness::StepDump d = harness::read_step_dump(dump);
+  EXPECT_FALSE(at::isfinite(d.drafter.fc).all().item<bool>());
+  const Shell replay = sh(dflash() + " step --from " + dump);
+  EXPECT_NE(replay.out.find("nan"), std::string::npos) << replay.out;
+}
+
+TEST(Features, OfflineTrainingMatchesTheOnlineTarget) {
+  RunFixture online;
+  ASSERT_EQ(online.train("run").code, 0);
+  const Shell feat = sh(dflash() + " features --config " + online.config + " --out " +
+                        (online.tmp / "feat") + " --shard-samples 10");
+  ASSERT_EQ(feat.code, 0) << feat.out;
+  RunFixture offline(
+      small_config("source = \"features\"\npath = \"" + (online.tmp / "feat") + "\"\n"));
+  const Shell r = offline.train("run");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto a = online.params("run"), b = offline.params("run");
+  for (const auto& [n, t] : a.tensors) EXPECT_TRUE(at::allclose(t, b.get(n), 1e-9, 1e-11)) << n;
+}
+
+TEST(Features, ADirectoryForAnotherTapIsRefused) {
+  RunFixture online;
+  ASSERT_EQ(
+      sh(dflash() + " features --config " + online.config + " --out " + (online.tmp / "feat")).code,
+      0);
+  std::string text =
+      small_config("source = \"features\"\npath = \"" + (online.tmp / "feat") + "\"\n");
+  text.replace(text.find("target_layer_ids = [1, 2]"), 25, "target_layer_ids = [0, 2]");
+  RunFixture offline(text);
+  const Shell r = offline.train("run");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("features.json: target_layer_ids"), std::string::npos) << r.out;
+}
+
+TEST(Observability, ProgressMetricsReportAndALoudSkip) {
+  RunFixture f;
+  const Shell r = f.train("run");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("WARNING: --skip-preflight"), std::string::npos);
+  EXPECT_NE(r.out.find("gradient parity"), std::string::npos);
+  EXPECT_NE(r.out.find("tok/s  ETA"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("report: " + (f.tmp / "run/report.html")), std::string::npos) << r.out;
+  const std::string html = slurp(f.tmp / "run/report.html");
+  EXPECT_NE(html.find("<svg"), std::string::npos);
+  EXPECT_NE(html.find("held-out per-slot accuracy"), std::string::npos);
+  EXPECT_NE(html.find("preflight SKIPPED"), std::string::npos);
+  EXPECT_NE(html.find("mask_token_id = 63"), std::string::npos);  // the config
+  const Shell again = sh(dflash() + " report " + (f.tmp / "run"));
+  EXPECT_EQ(again.code, 0) << again.out;
+}
+
+TEST(Gate, FailingPreflightRefusesToTrain) {
+  // 0.2 MB of device memory (the plan needs 0.9 MB): an OOM, preflight fails.
+  RunFixture f(small_config() + "[topology]\ndevice_memory_gb = 0.0002\nmemory_reserve_gb = 0.0\n");
+  const Shell r = sh(dflash() + " train --config " + f.config + " --out-dir " + (f.tmp / "run") +
+                     " --preflight-cases 5");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("preflight FAILED"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(f.tmp / "run/checkpoints"));
+}
+
+TEST(Data, JsonlRunsEndToEnd) {
+  TmpDir tmp;
+  std::ofstream jl(tmp / "d.jsonl");
+  for (int i = 0; i < 12; ++i) {
+    jl << "{\"input_ids\": [";
+    for (int s = 0; s < 20; ++s) jl << (s ? ", " : "") << (i * 7 + s * 3) % 60;
+    jl << "], \"loss_mask\": [";
+    for (int s = 0; s < 20; ++s) jl << (s ? ", " : "") << (s >= 5 ? 1 : 0);
+    jl << "]}\n";
+  }
+  jl.close();
+  RunFixture f(
+      small_config("source = \"jsonl\"\npath = \"" + (tmp / "d.jsonl") + "\"\neval_samples = 4\n"));
+  const Shell r = f.train("run");
+  EXPECT_EQ(r.code, 0) << r.out;
+}
+
+}  // namespace
+}  // namespace dflash::train
+
+namespace dflash::train {
+namespace {
+
+// The embedded default (fixtures/configs/tiny-train.toml) with fewer
+// self-distilled samples and steps, to fit the quick suite: held-out tau
+// starts at 1.0 (an untrained drafter accepts nothing) and must clearly rise.
+TEST(DefaultRun, HeldOutTauRises) {
+  TmpDir tmp;
+  const Shell copy =
+      sh("sed -e 's/^num_samples = 512/num_samples = 192/' -e 's/^steps = 300/steps = "
+         "150/' " +
+         testing_support::cfg("tiny-train.toml") + " > " + (tmp / "t.toml"));
+  ASSERT_EQ(copy.code, 0);
+  const Shell r = sh(dflash() + " train --skip-preflight --config " + (tmp / "t.toml") +
+                     " --out-dir " + (tmp / "run"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.out, m, std::regex("held-out tau ([0-9.]+) -> ([0-9.]+)")))
+      << r.out;
+  const double first = std::stod(m[1]), last = std::stod(m[2]);
+  EXPECT_LT(first, 1.05) << r.out;
+  EXPECT_GT(last, first + 0.1) << r.out;  // the full default run reaches about +0.3
+}
+
+}  // namespace
+}  // namespace dflash::train
