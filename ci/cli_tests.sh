@@ -25,7 +25,10 @@ case "$case_name" in
     "$dflash" --help > /dev/null
     "$dflash" bench --help | grep -q -- "--case"
     "$dflash" parity --help | grep -q -- "--reproduce"
-    for sub in step dump validate audit plan preflight; do
+    "$dflash" train --help | grep -q -- "--skip-preflight"
+    "$dflash" train --help | grep -q -- "--resume"
+    "$dflash" report --help | grep -q -- "run_dir"
+    for sub in step dump validate audit plan preflight train features; do
       "$dflash" "$sub" --help | grep -q -- "--config" || { echo "$sub --help lacks --config"; exit 1; }
     done
     ;;

@@ -101,6 +101,18 @@ Cluster::~Cluster() {
 }
 
 void Cluster::check_config(const Config& c) {
+  try {
+    compare_config_hashes(c);
+  } catch (const DistError&) {
+    throw;
+  } catch (const std::exception& e) {  // rank 0 (the store) left, having found a difference
+    throw DistError(fmt::format("rank {}: the rendezvous store went away while the ranks compared "
+                                "configs (rank 0 ended; see its message): {}",
+                                env_.rank, e.what()));
+  }
+}
+
+void Cluster::compare_config_hashes(const Config& c) {
   // Every rank publishes its hash; every rank compares all of them.
   const uint64_t mine = config_hash(c);
   store_->set(fmt::format("config_hash/{}", env_.rank), bytes_of(std::to_string(mine)));

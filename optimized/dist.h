@@ -83,6 +83,7 @@ class Cluster {
 
  private:
   void check_config(const Config& c);
+  void compare_config_hashes(const Config& c);
   void heartbeat_loop();
   std::string silent_ranks() const;
 

@@ -353,6 +353,16 @@ int run_split(const Config& c, const RunOptions& o) {
         "a launched rank does not run preflight itself: start the split with `dflash launch` "
         "(which runs it once before spawning the ranks), or run `dflash preflight` first and "
         "pass --skip-preflight to every rank");
+  if (c.target.source != "fixture")
+    throw std::runtime_error(fmt::format(
+        "{}: target.source = \"{}\": the target/drafter split builds fixture targets only so "
+        "far; train this target in one process (no launcher)",
+        o.config, c.target.source));
+  if (c.data.source != "fixture" && c.data.source != "inline")
+    throw std::runtime_error(fmt::format(
+        "{}: data.source = \"{}\": the target/drafter split reads fixture batches only so far; "
+        "train this data in one process (no launcher)",
+        o.config, c.data.source));
   TrainOptions t;
   t.steps = c.train.steps;
   t.micro_batches = o.micro_batches;
