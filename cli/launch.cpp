@@ -117,13 +117,14 @@ int preflight_before_training(const std::vector<std::string>& args) {
   harness::PreflightOptions o;
   o.config = config;
   o.cases = 25;
+  o.json = "/tmp/dflash-launch-preflight-" + std::to_string(::getpid()) + ".json";
   if (harness::run_preflight(o) != 0) {
     fmt::print(stderr,
                "dflash launch: preflight FAILED; no rank started (--skip-preflight "
                "after `train` overrides, knowingly)\n");
     return 1;
   }
-  setenv("DFLASH_PREFLIGHT_PASSED", config.c_str(), 1);
+  setenv("DFLASH_PREFLIGHT_PASSED", o.json.c_str(), 1);  // the verdict, for the run directory
   return 0;
 }
 

@@ -26,6 +26,14 @@ using testing_support::sh;
 using testing_support::Shell;
 using testing_support::TmpDir;
 
+// A fresh run directory per launch (the split's drafter rank 0 writes
+// metrics, checkpoints and a report there); removed when the test ends.
+std::string run_dir() {
+  static TmpDir runs;
+  static int n = 0;
+  return runs / ("run" + std::to_string(n++));
+}
+
 std::vector<double> losses(const std::string& out) {
   std::vector<double> l;
   const std::regex re("step +\\d+  loss ([0-9.eE+-]+)");
@@ -54,9 +62,10 @@ class SplitEqualsOneProcess : public ::testing::TestWithParam<SplitCase> {};
 TEST_P(SplitEqualsOneProcess, SameParametersAndLoss) {
   const SplitCase& c = GetParam();
   TmpDir tmp;
-  const Shell split = sh(dflash() + " launch --nproc " + std::to_string(c.nproc) +
-                         " -- train --skip-preflight --config " + cfg(c.config) + " --steps " +
-                         std::to_string(c.steps) + " --out-params " + (tmp / "split.st"));
+  const Shell split =
+      sh(dflash() + " launch --nproc " + std::to_string(c.nproc) +
+         " -- train --skip-preflight --out-dir " + run_dir() + " --config " + cfg(c.config) +
+         " --steps " + std::to_string(c.steps) + " --out-params " + (tmp / "split.st"));
   ASSERT_EQ(split.code, 0) << split.out;
   const Shell single = sh(dflash() + " train --skip-preflight --out-dir " + (tmp / "run") +
                           " --config " + cfg(c.config) + " --steps " + std::to_string(c.steps) +
@@ -79,7 +88,8 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(DistZoo, PerRankNormalisationIsKilled) {
   TmpDir tmp;
   const Shell split =
-      sh(dflash() + " launch --nproc 3 -- train --skip-preflight --config " + cfg("dist-1x2.toml") +
+      sh(dflash() + " launch --nproc 3 -- train --skip-preflight --out-dir " + run_dir() +
+         " --config " + cfg("dist-1x2.toml") +
          " --steps 1 --zoo-per-rank-normalisation --out-params " + (tmp / "split.st"));
   ASSERT_EQ(split.code, 0) << split.out;
   const Shell single =
@@ -91,8 +101,9 @@ TEST(DistZoo, PerRankNormalisationIsKilled) {
 }
 
 TEST(DistFaults, DeadRankEndsTheRunAndIsNamed) {
-  const Shell r = sh(dflash() + " launch --nproc 3 -- train --skip-preflight --config " +
-                     cfg("dist-1x2.toml") + " --steps 3 --fault rank=2,step=1,mode=exit");
+  const Shell r =
+      sh(dflash() + " launch --nproc 3 -- train --skip-preflight --out-dir " + run_dir() +
+         " --config " + cfg("dist-1x2.toml") + " --steps 3 --fault rank=2,step=1,mode=exit");
   EXPECT_EQ(r.code, 17) << r.out;  // the failing rank's exit code
   EXPECT_NE(r.out.find("rank 2 exited with code 17"), std::string::npos) << r.out;
 }
@@ -104,8 +115,9 @@ TEST(DistFaults, HungRankIsNamedByTheOthersWithinTheTimeout) {
   const Shell copy = sh("sed 's/^timeout_s = 20.0/timeout_s = 4.0/' " + cfg("dist-1x2.toml") +
                         " > " + (tmp / "fast.toml"));
   ASSERT_EQ(copy.code, 0);
-  const Shell r = sh(dflash() + " launch --nproc 3 -- train --skip-preflight --config " +
-                     (tmp / "fast.toml") + " --steps 3 --fault rank=1,step=1,mode=hang");
+  const Shell r =
+      sh(dflash() + " launch --nproc 3 -- train --skip-preflight --out-dir " + run_dir() +
+         " --config " + (tmp / "fast.toml") + " --steps 3 --fault rank=1,step=1,mode=hang");
   EXPECT_EQ(r.code, 3) << r.out;
   EXPECT_NE(r.out.find("silent: rank 1"), std::string::npos) << r.out;
   EXPECT_LT(r.seconds, 4.0 + 15.0) << "did not end within the timeout (+ start-up and grace)";
@@ -113,15 +125,15 @@ TEST(DistFaults, HungRankIsNamedByTheOthersWithinTheTimeout) {
 
 TEST(DistStartup, ConfigDifferingOnOneRankIsRefused) {
   const Shell r = sh("DFLASH_TEST_PERTURB_CONFIG_RANK=1 " + dflash() +
-                     " launch --nproc 3 -- train --skip-preflight --config " +
-                     cfg("dist-1x2.toml") + " --steps 1");
+                     " launch --nproc 3 -- train --skip-preflight --out-dir " + run_dir() +
+                     " --config " + cfg("dist-1x2.toml") + " --steps 1");
   EXPECT_EQ(r.code, 3) << r.out;
   EXPECT_NE(r.out.find("differs on rank 1"), std::string::npos) << r.out;
 }
 
 TEST(DistStartup, WorldSizeMismatchIsRefused) {
-  const Shell r = sh(dflash() + " launch --nproc 2 -- train --skip-preflight --config " +
-                     cfg("dist-1x2.toml") + " --steps 1");
+  const Shell r = sh(dflash() + " launch --nproc 2 -- train --skip-preflight --out-dir " +
+                     run_dir() + " --config " + cfg("dist-1x2.toml") + " --steps 1");
   EXPECT_NE(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("topology.world_size is 3 but the launcher started 2"), std::string::npos)
       << r.out;

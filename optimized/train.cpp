@@ -6,6 +6,7 @@
 #include <csignal>
 #include <cstdio>
 #include <functional>
+#include <memory>
 
 #include "core/safetensors.h"
 #include "fixtures/fixtures.h"
@@ -79,11 +80,12 @@ void write_params(const std::string& path, const DrafterWeights& w) {
 }
 
 StepLog log_line(int64_t t, double num, double den, const AdamW::Stats& s, double accept,
-                 double kept, double wait, double secs) {
+                 double kept, double wait, double secs, bool print) {
   const StepLog l{t,    den > 0 ? num / den : 0.0,
                   den,  s.grad_norm,
                   s.lr, kept > 0 ? 1.0 + accept / kept : 1.0,
                   wait, secs};
+  if (!print) return l;
   fmt::print(
       "step {:>4}  loss {:.8f}  tau {:.3f}  weight {:.3f}  grad_norm {:.4e}  lr {:.3e}  "
       "wait {:.3f}s / {:.3f}s\n",
@@ -96,18 +98,29 @@ StepLog log_line(int64_t t, double num, double den, const AdamW::Stats& s, doubl
 
 namespace {
 
-// Target rank: build, run and send every micro-batch assigned to it.
+StepInputs fixture_micro_batch(const Config& c, const TargetWeights& target, int64_t g) {
+  const fixtures::Batch b = fixtures::make_batch(c, uint64_t(g));
+  const reference::TargetOutputs tout = reference::target_forward(c, target, b.input_ids);
+  return {b.input_ids, b.loss_mask, tout.features, tout.final_hidden, {}};
+}
+
+// Target rank: build, run and send every micro-batch assigned to it, from
+// the resumed step on.
 void run_target_rank(const Config& c, const TrainOptions& o, dist::Cluster& cl, int64_t D) {
-  const TargetWeights target = fixtures::make_target(c);
+  std::function<StepInputs(int64_t)> make = o.hooks.micro_batch;
+  if (!make) {
+    auto target = std::make_shared<TargetWeights>(fixtures::make_target(c));
+    make = [&c, target](int64_t g) { return fixture_micro_batch(c, *target, g); };
+  }
   const size_t depth = size_t(c.topology.queue_depth) * 4;  // four tensors per micro-batch
-  for (int64_t g = cl.target_index(); g < o.steps * D; g += cl.num_targets()) {
+  const int64_t T = cl.num_targets(), first = o.hooks.start_step * D;
+  const int64_t g0 = first + ((cl.target_index() - first) % T + T) % T;
+  for (int64_t g = g0; g < o.steps * D; g += T) {
     maybe_fault(o.fault, cl.rank(), g / D);
-    const fixtures::Batch b = fixtures::make_batch(c, uint64_t(g));
-    const reference::TargetOutputs tout = reference::target_forward(c, target, b.input_ids);
+    const StepInputs in = make(g);
     const int64_t dst = cl.drafter_rank(g % D);
-    const std::vector<at::Tensor> parts = {b.input_ids, b.loss_mask.to(at::kByte),
-                                           tout.features.contiguous(),
-                                           tout.final_hidden.contiguous()};
+    const std::vector<at::Tensor> parts = {in.input_ids, in.loss_mask.to(at::kByte),
+                                           in.features.contiguous(), in.target_hidden.contiguous()};
     for (int i = 0; i < 4; ++i)
       cl.isend({parts[size_t(i)]}, dst, int(g * 4 + i), depth,
                fmt::format("micro-batch {} for drafter rank {}", g, dst));
@@ -168,6 +181,52 @@ void allreduce_step(dist::Cluster& cl, const DrafterWeights& w, at::Tensor& sums
 
 }  // namespace
 
+namespace {
+
+void broadcast_parameters(dist::Cluster& cl, const DrafterWeights& w) {
+  at::NoGradGuard ng;
+  std::vector<at::Tensor> params;
+  for (auto& [n, p] : named(w)) params.push_back(p.detach());
+  bucketed(params,
+           [&](std::vector<at::Tensor>& b) { cl.broadcast_drafters(b, "initial parameters"); });
+}
+
+// Drafter rank: receive, step, all-reduce, update; rank 0 reports.
+void train_drafter_rank(const Config& c, const TrainOptions& o, dist::Cluster& cl, int64_t D,
+                        std::vector<StepLog>& log) {
+  DrafterWeights w = fixtures::make_drafter(c);
+  AdamW opt(named(w), o.optim);
+  if (o.hooks.resume) o.hooks.resume(w, opt);
+  broadcast_parameters(cl, w);
+  const FrozenWeights frozen =
+      o.hooks.frozen ? o.hooks.frozen() : fixtures::make_target(c).frozen();
+  const StepFn fn = step_fn(o.build);
+  const bool reporter = cl.drafter_index() == 0;
+  for (int64_t t = o.hooks.start_step; t < o.steps; ++t) {
+    maybe_fault(o.fault, cl.rank(), t);
+    const double t0 = now();
+    const int64_t g = t * D + cl.drafter_index();
+    const StepInputs in = receive_micro_batch(c, cl, g, cl.target_rank(g % cl.num_targets()));
+    const double waited = now() - t0;
+    zero_grads(w);
+    const MicroResult m = micro_step(fn, c, w, frozen, in, o.per_rank_normalisation);
+    at::Tensor sums = at::tensor({m.num, m.den, m.accept, m.kept}, at::kDouble);
+    allreduce_step(cl, w, sums);
+    const double num = sums[0].item<double>(), den = sums[1].item<double>();
+    scale_grads(w, o.per_rank_normalisation ? double(D) : den);
+    const AdamW::Stats s = opt.step();
+    if (!reporter) continue;
+    log.push_back(log_line(t, num, den, s, sums[2].item<double>(), sums[3].item<double>(), waited,
+                           now() - t0, !o.hooks.after_step));
+    if (o.hooks.after_step) o.hooks.after_step(log.back(), w, opt);
+  }
+  if (!reporter) return;
+  write_params(o.out_params, w);
+  if (o.hooks.at_end) o.hooks.at_end(w, opt);
+}
+
+}  // namespace
+
 std::vector<StepLog> train_distributed(const Config& c, const TrainOptions& o, dist::Cluster& cl) {
   const int64_t D = cl.num_drafters();
   if (o.micro_batches > 0 && o.micro_batches != D)
@@ -177,52 +236,21 @@ std::vector<StepLog> train_distributed(const Config& c, const TrainOptions& o, d
                     o.micro_batches, D));
   std::vector<StepLog> log;
   if (cl.is_target()) run_target_rank(c, o, cl, D);
-  if (cl.is_drafter()) {
-    const DrafterWeights w = fixtures::make_drafter(c);
-    {
-      at::NoGradGuard ng;
-      std::vector<at::Tensor> params;
-      for (auto& [n, p] : named(w)) params.push_back(p.detach());
-      bucketed(params,
-               [&](std::vector<at::Tensor>& b) { cl.broadcast_drafters(b, "initial parameters"); });
-    }
-    const FrozenWeights frozen = fixtures::make_target(c).frozen();
-    AdamW opt(named(w), o.optim);
-    const StepFn fn = step_fn(o.build);
-    for (int64_t t = 0; t < o.steps; ++t) {
-      maybe_fault(o.fault, cl.rank(), t);
-      const double t0 = now();
-      const int64_t g = t * D + cl.drafter_index();
-      const StepInputs in = receive_micro_batch(c, cl, g, cl.target_rank(g % cl.num_targets()));
-      const double waited = now() - t0;
-      zero_grads(w);
-      const MicroResult m = micro_step(fn, c, w, frozen, in, o.per_rank_normalisation);
-      at::Tensor sums = at::tensor({m.num, m.den, m.accept, m.kept}, at::kDouble);
-      allreduce_step(cl, w, sums);
-      const double num = sums[0].item<double>(), den = sums[1].item<double>();
-      scale_grads(w, o.per_rank_normalisation ? double(D) : den);
-      const AdamW::Stats s = opt.step();
-      if (cl.drafter_index() == 0)
-        log.push_back(log_line(t, num, den, s, sums[2].item<double>(), sums[3].item<double>(),
-                               waited, now() - t0));
-    }
-    if (cl.drafter_index() == 0) write_params(o.out_params, w);
-  }
+  if (cl.is_drafter()) train_drafter_rank(c, o, cl, D, log);
   cl.barrier_world("the end of training");
   return log;
 }
 
-int run_train(const std::string& path, TrainOptions o) {
-  const Config c = load_config(path);
+int run_train(const Config& c, const TrainOptions& o) {
   if (c.topology.device != "cpu")
     throw std::runtime_error(fmt::format(
         "{}: topology.device = \"{}\": this build trains on CPU only (gloo groups, host kernels "
-        "for the fused loss and sparse attention); NCCL groups and device kernels are not built yet. "
-        "`dflash plan` and `dflash preflight` do read device configs.", path, c.topology.device));
-  configure_threads(c.run.threads);
+        "for the fused loss and sparse attention); NCCL groups and device kernels are not built "
+        "yet. `dflash plan` and `dflash preflight` do read device configs.",
+        c.path, c.topology.device));
   const dist::Env env = dist::env_from_process();
   if (!env.present || env.world_size == 1)
-    throw dist::DistError("run_train is the split; one process trains through train::run_training");
+    throw dist::DistError("the split needs RANK / WORLD_SIZE > 1 (dflash launch or torchrun)");
   Config local = c;
   if (const char* r = std::getenv("DFLASH_TEST_PERTURB_CONFIG_RANK"))  // test hook
     if (std::atoll(r) == env.rank) local.loss.gamma += 1.0;

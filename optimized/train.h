@@ -11,6 +11,7 @@
 // parameters.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,29 @@
 #include "optimized/dist.h"
 
 namespace dflash::train {
+
+struct StepLog {
+  int64_t step;
+  double loss, weight_sum, grad_norm, lr, tau;
+  double wait_seconds, step_seconds;  // time waiting for target data, whole step
+};
+
+// Where the split's data comes from and where its state goes. Unset hooks
+// mean the fixture target and batches, no resume, a printed line per step
+// (the bench and the tests); train/loop.cpp sets them from the config's data,
+// target and run directory.
+struct SplitHooks {
+  int64_t start_step = 0;  // resume: every rank starts at micro-batch start_step * D
+  // Target rank: micro-batch g with the target's outputs (anchors unset).
+  std::function<StepInputs(int64_t g)> micro_batch;
+  // Drafter ranks: the frozen embedding / LM head, and the resumed state.
+  std::function<FrozenWeights()> frozen;
+  std::function<void(DrafterWeights&, AdamW&)> resume;
+  // Drafter rank 0 only: after every step (metrics, evaluation,
+  // checkpoints) and at the end.
+  std::function<void(const StepLog&, const DrafterWeights&, const AdamW&)> after_step;
+  std::function<void(const DrafterWeights&, const AdamW&)> at_end;
+};
 
 struct TrainOptions {
   int64_t steps = 1;
@@ -31,19 +55,17 @@ struct TrainOptions {
   bool per_rank_normalisation = false;
   // Test hook for faults, "rank=R,step=T,mode=exit|hang".
   std::string fault;
+  SplitHooks hooks;
 };
 
-struct StepLog {
-  int64_t step;
-  double loss, weight_sum, grad_norm, lr, tau;
-  double wait_seconds, step_seconds;  // time waiting for target data, whole step
-};
 
 std::vector<StepLog> train_distributed(const Config& c, const TrainOptions& o, dist::Cluster& cl);
 
 // `dflash train` inside a launched rank (RANK / WORLD_SIZE > 1); one
 // process trains through train::run_training (train/loop.h).
-int run_train(const std::string& config, TrainOptions o);
+// Checks the launcher's environment against the config, joins the ranks
+// (config hash compared) and trains.
+int run_train(const Config& c, const TrainOptions& o);
 
 // `dflash bench --dist` inside a launched rank (optimized/dist_throughput.cpp).
 int run_dist_bench(const std::string& config);

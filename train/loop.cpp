@@ -26,54 +26,15 @@
 #include "train/data.h"
 #include "train/hf.h"
 #include "train/report.h"
+#include "train/run_state.h"
 
 namespace dflash::train {
 namespace fs = std::filesystem;
-namespace {
+namespace detail {
 
 double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
-
-struct Sums {
-  double num = 0, den = 0, ce = 0, kl = 0, accept = 0, kept = 0;
-  at::Tensor correct, counted;  // (bs) int64
-  void add(const StepOutputs& out) {
-    const double d = out.weight_sum.item<double>();
-    num += out.loss.item<double>() * d, den += d;
-    ce += out.ce_sum.item<double>(), kl += out.kl_sum.item<double>();
-    accept += double(out.accept_sum.item<int64_t>()),
-        kept += double(out.kept_blocks.item<int64_t>());
-    correct = correct.defined() ? correct + out.correct : out.correct.clone();
-    counted = counted.defined() ? counted + out.counted : out.counted.clone();
-  }
-  double loss() const { return den > 0 ? num / den : 0.0; }
-  double tau() const { return kept > 0 ? 1.0 + accept / kept : 1.0; }
-  std::vector<double> accuracy() const {
-    std::vector<double> a;
-    for (int64_t k = 0; correct.defined() && k < correct.size(0); ++k) {
-      const int64_t n = counted[k].item<int64_t>();
-      a.push_back(n > 0 ? double(correct[k].item<int64_t>()) / double(n) : 0.0);
-    }
-    return a;
-  }
-};
-
-// Everything a run holds.
-struct Run {
-  Config c;
-  RunOptions o;
-  std::string dir;
-  TargetWeights target;  // undefined tensors for source = "features"
-  FrozenWeights frozen;
-  DataSplit data;
-  DrafterWeights w;
-  std::unique_ptr<AdamW> opt;
-  StepFn fn;
-  TrainerState st;
-  std::ofstream metrics;
-  double tokens_per_step = 0;
-};
 
 StepInputs inputs_of(const Run& r, const MicroBatch& mb, const char* stream, int64_t index) {
   StepInputs in{mb.input_ids, mb.loss_mask, mb.features, mb.target_hidden, {}};
@@ -207,11 +168,11 @@ void maybe_exit_after(int64_t step) {  // test hook: a kill between steps
   }
 }
 
-}  // namespace
+}  // namespace detail
 }  // namespace dflash::train
 
 namespace dflash::train {
-namespace {
+namespace detail {
 
 std::string run_dir_for(const Config& c, const RunOptions& o) {
   if (!o.out_dir.empty()) return o.out_dir;
@@ -221,7 +182,7 @@ std::string run_dir_for(const Config& c, const RunOptions& o) {
 
 // Everything that can reject the run's inputs, read-only: nothing in the
 // run directory is written before this has passed.
-std::unique_ptr<Run> prepare(const Config& c, const RunOptions& o) {
+std::unique_ptr<Run> prepare(const Config& c, const RunOptions& o, bool with_data) {
   auto r = std::make_unique<Run>();
   r->c = c, r->o = o, r->dir = run_dir_for(c, o);
   if (c.data.source == "features") {
@@ -230,7 +191,7 @@ std::unique_ptr<Run> prepare(const Config& c, const RunOptions& o) {
     r->target = load_target(c);
     r->frozen = r->target.frozen();
   }
-  r->data = load_data(c, c.data.source == "features" ? nullptr : &r->target);
+  if (with_data) r->data = load_data(c, c.data.source == "features" ? nullptr : &r->target);
   r->w = fixtures::make_drafter(c);
   r->opt = std::make_unique<AdamW>(named(r->w), optim_config(c.train));
   r->fn =
@@ -347,34 +308,7 @@ bool gate(const Config& c, const RunOptions& o, const std::string& dir) {
   return true;
 }
 
-int run_split(const Config& c, const RunOptions& o) {
-  if (!o.skip_preflight && !std::getenv("DFLASH_PREFLIGHT_PASSED"))
-    throw std::runtime_error(
-        "a launched rank does not run preflight itself: start the split with `dflash launch` "
-        "(which runs it once before spawning the ranks), or run `dflash preflight` first and "
-        "pass --skip-preflight to every rank");
-  if (c.target.source != "fixture")
-    throw std::runtime_error(fmt::format(
-        "{}: target.source = \"{}\": the target/drafter split builds fixture targets only so "
-        "far; train this target in one process (no launcher)",
-        o.config, c.target.source));
-  if (c.data.source != "fixture" && c.data.source != "inline")
-    throw std::runtime_error(fmt::format(
-        "{}: data.source = \"{}\": the target/drafter split reads fixture batches only so far; "
-        "train this data in one process (no launcher)",
-        o.config, c.data.source));
-  TrainOptions t;
-  t.steps = c.train.steps;
-  t.micro_batches = o.micro_batches;
-  t.build = o.build;
-  t.optim = optim_config(c.train);
-  t.out_params = o.out_params;
-  t.per_rank_normalisation = o.per_rank_normalisation;
-  t.fault = o.fault;
-  return run_train(o.config, t);
-}
-
-}  // namespace
+}  // namespace detail
 
 Config resolve_config(const RunOptions& o) {
   Config c = load_config(o.config);
@@ -388,23 +322,24 @@ Config resolve_config(const RunOptions& o) {
 
 RunSummary train_run(const Config& c, const RunOptions& o) {
   configure_threads(c.run.threads);
-  std::unique_ptr<Run> r = prepare(c, o);
-  return run_loop(*r);
+  std::unique_ptr<detail::Run> r = detail::prepare(c, o, true);
+  return detail::run_loop(*r);
 }
 
 int run_training(const RunOptions& o) {
   const char* ws = std::getenv("WORLD_SIZE");
   const Config c = resolve_config(o);
-  if (ws && std::atoll(ws) > 1) return run_split(c, o);
+  if (ws && std::atoll(ws) > 1) return detail::run_split(c, o);
   if (c.topology.device != "cpu")
     throw std::runtime_error(fmt::format(
         "{}: topology.device = \"{}\": this build trains on CPU only (host kernels for the fused "
         "loss and sparse attention); `dflash plan` and `dflash preflight` do read device configs",
         o.config, c.topology.device));
   configure_threads(c.run.threads);
-  std::unique_ptr<Run> r = prepare(c, o);  // every input checked before anything is written
-  if (!gate(c, o, r->dir)) return 1;
-  const RunSummary s = run_loop(*r);
+  // Every input is checked before anything is written.
+  std::unique_ptr<detail::Run> r = detail::prepare(c, o, true);
+  if (!detail::gate(c, o, r->dir)) return 1;
+  const RunSummary s = detail::run_loop(*r);
   fmt::print("\ntrained {} steps; held-out tau {:.3f} -> {:.3f}\nreport: {}\n", s.steps,
              s.first_eval_tau, s.last_eval_tau, s.report);
   return 0;

@@ -244,3 +244,39 @@ TEST(DefaultRun, HeldOutTauRises) {
 
 }  // namespace
 }  // namespace dflash::train
+
+namespace dflash::train {
+namespace {
+
+// The split (1 target + 2 drafter ranks) trains the config's own data
+// (self-distillation by the config's target) like one process with two
+// micro-batches per step, writes checkpoints and the report on drafter rank
+// 0, and resumes after a kill to the same parameters.
+TEST(Split, TrainsTheConfigsDataAndResumesLikeOneProcess) {
+  RunFixture f(small_config() +
+               "[topology]\nworld_size = 3\ntarget_ranks = [0]\ndrafter_ranks = [1, 2]\n"
+               "timeout_s = 30.0\n");
+  const Shell single = f.train("single", "--micro-batches 2");
+  ASSERT_EQ(single.code, 0) << single.out;
+  auto launch = [&](const std::string& out, const std::string& args, const std::string& env) {
+    return sh(env + " " + dflash() + " launch --nproc 3 -- train --skip-preflight --config " +
+              f.config + " --out-dir " + (f.tmp / out) + " --out-params " +
+              (f.tmp / (out + ".params")) + " " + args);
+  };
+  const Shell split = launch("split", "", "");
+  ASSERT_EQ(split.code, 0) << split.out;
+  const auto a = f.params("single"), b = f.params("split");
+  for (const auto& [n, t] : a.tensors) EXPECT_TRUE(at::allclose(t, b.get(n), 1e-10, 1e-12)) << n;
+  EXPECT_TRUE(fs::exists(f.tmp / "split/checkpoints/step-000004/model.safetensors"));
+  EXPECT_NE(slurp(f.tmp / "split/report.html").find("<svg"), std::string::npos);
+  EXPECT_NE(split.out.find("eval @ 4"), std::string::npos) << split.out;
+
+  const Shell killed = launch("resumed", "", "DFLASH_TEST_EXIT_AFTER_STEP=2");
+  ASSERT_EQ(killed.code, 9) << killed.out;
+  const Shell resumed = launch("resumed", "--resume", "");
+  ASSERT_EQ(resumed.code, 0) << resumed.out;
+  expect_bitwise_equal(f.params("split"), f.params("resumed"));
+}
+
+}  // namespace
+}  // namespace dflash::train

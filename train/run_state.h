@@ -1,0 +1,74 @@
+// The training run's state and steps, shared by the single-process loop
+// (loop.cpp) and the target/drafter split (split.cpp). Internal to train/.
+#pragma once
+
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "core/optim.h"
+#include "core/step.h"
+#include "train/checkpoint.h"
+#include "train/data.h"
+#include "train/loop.h"
+
+namespace dflash::train::detail {
+
+struct Sums {
+  double num = 0, den = 0, ce = 0, kl = 0, accept = 0, kept = 0;
+  at::Tensor correct, counted;  // (bs) int64
+  void add(const StepOutputs& out) {
+    const double d = out.weight_sum.item<double>();
+    num += out.loss.item<double>() * d, den += d;
+    ce += out.ce_sum.item<double>(), kl += out.kl_sum.item<double>();
+    accept += double(out.accept_sum.item<int64_t>()),
+        kept += double(out.kept_blocks.item<int64_t>());
+    correct = correct.defined() ? correct + out.correct : out.correct.clone();
+    counted = counted.defined() ? counted + out.counted : out.counted.clone();
+  }
+  double loss() const { return den > 0 ? num / den : 0.0; }
+  double tau() const { return kept > 0 ? 1.0 + accept / kept : 1.0; }
+  std::vector<double> accuracy() const {
+    std::vector<double> a;
+    for (int64_t k = 0; correct.defined() && k < correct.size(0); ++k) {
+      const int64_t n = counted[k].item<int64_t>();
+      a.push_back(n > 0 ? double(correct[k].item<int64_t>()) / double(n) : 0.0);
+    }
+    return a;
+  }
+};
+
+// Everything a run holds.
+struct Run {
+  Config c;
+  RunOptions o;
+  std::string dir;
+  TargetWeights target;  // undefined tensors for source = "features"
+  FrozenWeights frozen;
+  DataSplit data;
+  DrafterWeights w;
+  std::unique_ptr<AdamW> opt;
+  StepFn fn;
+  TrainerState st;
+  std::ofstream metrics;
+  double tokens_per_step = 0;
+};
+
+std::string run_dir_for(const Config& c, const RunOptions& o);
+// Loads the target (or the features' frozen pair), the data when
+// `with_data`, the drafter init and, with --resume, the newest checkpoint;
+// refuses an existing run without --resume. Writes nothing.
+std::unique_ptr<Run> prepare(const Config& c, const RunOptions& o, bool with_data);
+StepInputs inputs_of(const Run& r, const MicroBatch& mb, const char* stream, int64_t index);
+void open_metrics(Run& r);
+void append_metrics(Run& r, const nlohmann::json& j);
+bool has_eval(const Run& r);
+Sums evaluate(Run& r);
+void checkpoint(Run& r);
+void maybe_exit_after(int64_t step);
+bool gate(const Config& c, const RunOptions& o, const std::string& dir);
+RunSummary run_loop(Run& r);
+int run_split(const Config& c, const RunOptions& o);
+
+}  // namespace dflash::train::detail

@@ -1,0 +1,134 @@
+// The target/drafter split as a training run (docs/DISTRIBUTED.md): target
+// ranks read the config's data and run its target; every drafter resumes
+// from the same checkpoint; drafter rank 0 writes metrics, evaluates,
+// checkpoints and writes the report, like the single-process loop.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+
+#include "core/safetensors.h"
+#include "optimized/train.h"
+#include "train/report.h"
+#include "train/run_state.h"
+
+namespace dflash::train::detail {
+namespace fs = std::filesystem;
+namespace {
+
+bool has_rank(const std::vector<int64_t>& ranks, int64_t r) {
+  return std::find(ranks.begin(), ranks.end(), r) != ranks.end();
+}
+
+// The launcher's verdict (DFLASH_PREFLIGHT_PASSED names its JSON), or a
+// record that the gate was skipped, beside the run.
+void record_verdict(const Config& c, const RunOptions& o, const std::string& dir) {
+  const char* v = std::getenv("DFLASH_PREFLIGHT_PASSED");
+  const fs::path out = fs::path(dir) / "preflight.json";
+  if (!o.skip_preflight && v && fs::exists(v)) {
+    fs::copy_file(v, out, fs::copy_options::overwrite_existing);
+    return;
+  }
+  const nlohmann::json j = {{"config", c.path},
+                            {"passed", nullptr},
+                            {"skipped", o.skip_preflight},
+                            {"checks", nlohmann::json::array()}};
+  safetensors::write_file_atomic(out.string(), j.dump(2) + "\n");
+}
+
+void split_progress(Run& r, const StepLog& l) {
+  append_metrics(r, {{"kind", "train"},
+                     {"step", r.st.step},
+                     {"loss", l.loss},
+                     {"tau", l.tau},
+                     {"weight_sum", l.weight_sum},
+                     {"grad_norm", l.grad_norm},
+                     {"lr", l.lr},
+                     {"tokens_per_s", r.tokens_per_step / l.step_seconds},
+                     {"wait_s", l.wait_seconds},
+                     {"step_s", l.step_seconds}});
+  if (r.st.step % r.c.train.log_every != 0 && r.st.step != 1 && r.st.step != r.c.train.steps)
+    return;
+  fmt::print(
+      "step {:>5}  loss {:.8f}  tau {:.3f}  lr {:.3e}  grad_norm {:.3e}  {:.0f} tok/s  "
+      "wait {:.3f}s of {:.3f}s\n",
+      r.st.step, l.loss, l.tau, l.lr, l.grad_norm, r.tokens_per_step / l.step_seconds,
+      l.wait_seconds, l.step_seconds);
+  std::fflush(stdout);
+}
+
+// Drafter rank 0: metrics, evaluation, checkpoints and the report.
+void report_hooks(Run* run, int64_t D, SplitHooks& h) {
+  fs::create_directories(run->dir);
+  safetensors::write_file_atomic((fs::path(run->dir) / "config.toml").string(),
+                                 config_to_toml(run->c));
+  open_metrics(*run);
+  if (run->st.step == 0 && has_eval(*run)) evaluate(*run);
+  auto saved = std::make_shared<int64_t>(-1);
+  h.after_step = [run, D, saved](const StepLog& l, const DrafterWeights& w, const AdamW& opt) {
+    run->st.step = l.step + 1, run->st.cursor = run->st.step * D;
+    run->w = w;  // the same tensors, for evaluation
+    split_progress(*run, l);
+    const TrainConfig& tc = run->c.train;
+    const bool last = run->st.step == tc.steps;
+    if (!last && tc.eval_every > 0 && run->st.step % tc.eval_every == 0 && has_eval(*run))
+      evaluate(*run);
+    if (tc.checkpoint_every > 0 && run->st.step % tc.checkpoint_every == 0) {
+      fmt::print("checkpoint: {}\n", save_checkpoint(run->dir, run->c, w, opt, run->st));
+      *saved = run->st.step;
+    }
+    maybe_exit_after(run->st.step);
+  };
+  h.at_end = [run, saved](const DrafterWeights& w, const AdamW& opt) {
+    run->w = w;
+    if (has_eval(*run)) evaluate(*run);
+    if (*saved != run->st.step)
+      fmt::print("checkpoint: {}\n", save_checkpoint(run->dir, run->c, w, opt, run->st));
+    run->metrics.close();
+    fmt::print("report: {}\n", write_report(run->dir));
+  };
+}
+
+}  // namespace
+
+int run_split(const Config& c, const RunOptions& o) {
+  if (!o.skip_preflight && !std::getenv("DFLASH_PREFLIGHT_PASSED"))
+    throw std::runtime_error(
+        "a launched rank does not run preflight itself: start the split with `dflash launch` "
+        "(which runs it once before spawning the ranks), or run `dflash preflight` first and "
+        "pass --skip-preflight to every rank");
+  const char* rank_env = std::getenv("RANK");
+  const int64_t rank = rank_env ? std::atoll(rank_env) : 0;
+  const TopologyConfig& tp = c.topology;
+  const bool target = has_rank(tp.target_ranks, rank);
+  const bool reporter = !tp.drafter_ranks.empty() && tp.drafter_ranks[0] == rank;
+  // Every input checked on every rank before the ranks meet.
+  std::unique_ptr<Run> r = prepare(c, o, target || reporter);
+  const int64_t D = int64_t(tp.drafter_ranks.size());
+  r->tokens_per_step = double(c.data.batch_size * c.data.seq_len * D);
+  TrainOptions t;
+  t.steps = c.train.steps;
+  t.micro_batches = o.micro_batches;
+  t.build = o.build;
+  t.optim = optim_config(c.train);
+  t.out_params = o.out_params;
+  t.per_rank_normalisation = o.per_rank_normalisation;
+  t.fault = o.fault;
+  Run* run = r.get();
+  t.hooks.start_step = run->st.step;
+  if (target)
+    t.hooks.micro_batch = [run](int64_t g) {
+      return inputs_of(*run, train_batch(run->c, run->data.train, g), "anchors", g);
+    };
+  t.hooks.frozen = [run] { return run->frozen; };
+  t.hooks.resume = [run](DrafterWeights& w, AdamW& opt) { w = run->w, opt = *run->opt; };
+  if (reporter) {
+    fs::create_directories(run->dir);
+    record_verdict(c, o, run->dir);
+    report_hooks(run, D, t.hooks);
+  }
+  return run_train(c, t);
+}
+
+}  // namespace dflash::train::detail
