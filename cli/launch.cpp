@@ -105,6 +105,8 @@ void forward(Child& c, int64_t rank, bool flush_all) {
 
 // `launch -- train --config C` runs preflight once, here, before any rank
 // starts (unless the ranks were told --skip-preflight), and tells the ranks.
+std::string launch_verdict;  // the verdict file this launcher wrote, removed at the end
+
 int preflight_before_training(const std::vector<std::string>& args) {
   if (args.empty() || args[0] != "train") return 0;
   std::string config;
@@ -125,6 +127,7 @@ int preflight_before_training(const std::vector<std::string>& args) {
     return 1;
   }
   setenv("DFLASH_PREFLIGHT_PASSED", o.json.c_str(), 1);  // the verdict, for the run directory
+  launch_verdict = o.json;
   return 0;
 }
 
@@ -175,6 +178,7 @@ int cmd_launch(const LaunchArgs& a) {
         if (o.running) kill(o.pid, SIGKILL);
   }
   for (auto& k : kids) close(k.out);
+  if (!launch_verdict.empty()) std::remove(launch_verdict.c_str());  // our verdict copy only
   if (failed_rank >= 0) return failed_code;
   return 0;
 }

@@ -353,6 +353,7 @@ void read_topology(Section tp, TopologyConfig& c) {
     c.device_memory_gb.assign(size_t(c.world_size), c.device_memory_gb[0]);
   c.memory_reserve_gb = tp.number("memory_reserve_gb", 2.0);
   c.timeout_s = tp.number("timeout_s", 60.0);
+  c.startup_timeout_s = tp.number("startup_timeout_s", 600.0);
   c.queue_depth = tp.integer("queue_depth", 2);
   tp.reject_unknown();
 }
@@ -487,6 +488,8 @@ void hf_check_architecture(const nlohmann::json& j, const std::string& file) {
     hf_fail(file, "hidden_act", "\"silu\" (SwiGLU)", j["hidden_act"]);
   if (j.contains("attention_bias") && j["attention_bias"] != false)
     hf_fail(file, "attention_bias", "false (no biases)", j["attention_bias"]);
+  if (j.contains("use_sliding_window") && j["use_sliding_window"] != false)
+    hf_fail(file, "use_sliding_window", "false (full causal attention)", j["use_sliding_window"]);
   if (j.contains("rope_scaling") && !j["rope_scaling"].is_null())
     hf_fail(file, "rope_scaling", "null (plain RoPE)", j["rope_scaling"]);
 }
@@ -516,7 +519,7 @@ TargetConfig read_hf_config(const std::string& dir) {
   s.num_key_value_heads = hf_int(j, file, "num_key_value_heads", s.num_attention_heads);
   if (s.num_attention_heads <= 0)
     hf_fail(file, "num_attention_heads", "> 0", j["num_attention_heads"]);
-  s.head_dim = hf_int(j, file, "head_dim", s.hidden_size / s.num_attention_heads);
+  s.head_dim = hf_int(j, file, "head_dim", 128);  // Qwen3Config's default
   s.intermediate_size = hf_int(j, file, "intermediate_size");
   s.rope_theta = hf_number(j, file, "rope_theta", 10000.0);  // Qwen3Config's default
   s.rms_norm_eps = hf_number(j, file, "rms_norm_eps", 1e-6);

@@ -131,6 +131,7 @@ struct TopologyConfig {
   std::vector<double> device_memory_gb;  // per rank (decimal GB); empty = unknown
   double memory_reserve_gb = 2.0;        // kept free on every device (allocator, CUDA context)
   double timeout_s = 60.0;               // a transfer or collective waiting longer fails the run
+  double startup_timeout_s = 600.0;      // rendezvous: covers loading the target and data
   int64_t queue_depth = 2;               // micro-batches a target rank may run ahead
 };
 

@@ -204,6 +204,7 @@ void check_topology(const Checker& ck, const Config& c) {
   }
   ck.non_negative("topology.memory_reserve_gb", tp.memory_reserve_gb);
   ck.positive("topology.timeout_s", tp.timeout_s);
+  ck.positive("topology.startup_timeout_s", tp.startup_timeout_s);
   ck.at_least("topology.queue_depth", tp.queue_depth, 1);
   if (!tp.device_memory_gb.empty()) {
     if (int64_t(tp.device_memory_gb.size()) != tp.world_size)
@@ -283,6 +284,7 @@ nlohmann::json config_to_json(const Config& c) {
     j["topology"]["device_memory_gb"] = c.topology.device_memory_gb;
   j["topology"]["memory_reserve_gb"] = c.topology.memory_reserve_gb;
   j["topology"]["timeout_s"] = c.topology.timeout_s;
+  j["topology"]["startup_timeout_s"] = c.topology.startup_timeout_s;
   j["topology"]["queue_depth"] = c.topology.queue_depth;
   const TrainConfig& tr = c.train;
   j["train"] = {{"steps", tr.steps},

@@ -1,5 +1,6 @@
 #include "core/safetensors.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -218,6 +219,13 @@ std::string serialize(const NamedTensors& tensors, const Metadata& metadata) {
   return out;
 }
 
+void fsync_path(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) return;
+  ::fsync(fd);
+  ::close(fd);
+}
+
 void write_file_atomic(const std::string& path, const std::string& bytes) {
   const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
   {
@@ -230,6 +238,7 @@ void write_file_atomic(const std::string& path, const std::string& bytes) {
       fail(path, "write failed (disk full?)");
     }
   }
+  fsync_path(tmp);  // the bytes reach the disk before the name does
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     std::remove(tmp.c_str());
     fail(path, fmt::format("cannot rename '{}' into place", tmp));

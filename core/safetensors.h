@@ -49,5 +49,7 @@ std::string dtype_code(at::ScalarType t);
 
 // Atomic file write used by every writer in the project: temp + rename.
 void write_file_atomic(const std::string& path, const std::string& bytes);
+// fsync of a file or directory (best effort: ignored where it cannot open it).
+void fsync_path(const std::string& path);
 
 }  // namespace dflash::safetensors

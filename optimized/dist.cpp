@@ -71,12 +71,15 @@ Cluster::Cluster(const Config& c, const Env& env)
   opts.port = uint16_t(env.port);
   opts.isServer = env.rank == 0;
   opts.numWorkers = size_t(env.world_size);
-  opts.timeout = timeout_;
+  // Rendezvous and the config comparison wait for the slowest rank to load
+  // its target and data; steps and collectives then use timeout_s.
+  const auto startup = std::chrono::milliseconds(int64_t(tp.startup_timeout_s * 1000));
+  opts.timeout = startup;
   try {
     store_ = c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
   } catch (const std::exception& e) {
     throw DistError(fmt::format("rank {}: rendezvous at {}:{} failed within {} s: {}", env.rank,
-                                env.master_addr, env.port, tp.timeout_s, e.what()));
+                                env.master_addr, env.port, tp.startup_timeout_s, e.what()));
   }
   check_config(c);
   auto options = c10d::ProcessGroupGloo::Options::create(timeout_);
@@ -106,9 +109,10 @@ void Cluster::check_config(const Config& c) {
   } catch (const DistError&) {
     throw;
   } catch (const std::exception& e) {  // rank 0 (the store) left, having found a difference
-    throw DistError(fmt::format("rank {}: the rendezvous store went away while the ranks compared "
-                                "configs (rank 0 ended; see its message): {}",
-                                env_.rank, e.what()));
+    throw DistError(
+        fmt::format("rank {}: the rendezvous store went away while the ranks compared "
+                    "configs (rank 0 ended; see its message): {}",
+                    env_.rank, e.what()));
   }
 }
 
@@ -119,10 +123,13 @@ void Cluster::compare_config_hashes(const Config& c) {
   for (int64_t r = 0; r < env_.world_size; ++r) {
     const std::string key = fmt::format("config_hash/{}", r);
     try {
-      store_->wait({key}, timeout_);
+      store_->wait({key},
+                   std::chrono::milliseconds(int64_t(cfg_.topology.startup_timeout_s * 1000)));
     } catch (const std::exception& e) {
-      throw DistError(fmt::format("rank {}: rank {} never published its config within {} s",
-                                  env_.rank, r, cfg_.topology.timeout_s));
+      throw DistError(
+          fmt::format("rank {}: rank {} never published its config within {} s "
+                      "(topology.startup_timeout_s)",
+                      env_.rank, r, cfg_.topology.startup_timeout_s));
     }
     const std::string theirs = string_of(store_->get(key));
     if (theirs != std::to_string(mine))

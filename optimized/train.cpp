@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <functional>
@@ -191,6 +192,13 @@ void broadcast_parameters(dist::Cluster& cl, const DrafterWeights& w) {
            [&](std::vector<at::Tensor>& b) { cl.broadcast_drafters(b, "initial parameters"); });
 }
 
+bool finite_step(const MicroResult& m, const DrafterWeights& w) {
+  if (!std::isfinite(m.num)) return false;
+  for (auto& [n, p] : named(w))
+    if (p.grad().defined() && !at::isfinite(p.grad()).all().item<bool>()) return false;
+  return true;
+}
+
 // Drafter rank: receive, step, all-reduce, update; rank 0 reports.
 void train_drafter_rank(const Config& c, const TrainOptions& o, dist::Cluster& cl, int64_t D,
                         std::vector<StepLog>& log) {
@@ -198,6 +206,7 @@ void train_drafter_rank(const Config& c, const TrainOptions& o, dist::Cluster& c
   AdamW opt(named(w), o.optim);
   if (o.hooks.resume) o.hooks.resume(w, opt);
   broadcast_parameters(cl, w);
+  if (cl.drafter_index() == 0 && o.hooks.at_start) o.hooks.at_start();
   const FrozenWeights frozen =
       o.hooks.frozen ? o.hooks.frozen() : fixtures::make_target(c).frozen();
   const StepFn fn = step_fn(o.build);
@@ -209,9 +218,17 @@ void train_drafter_rank(const Config& c, const TrainOptions& o, dist::Cluster& c
     const StepInputs in = receive_micro_batch(c, cl, g, cl.target_rank(g % cl.num_targets()));
     const double waited = now() - t0;
     zero_grads(w);
+    if (o.hooks.before_step) o.hooks.before_step(t, w);
     const MicroResult m = micro_step(fn, c, w, frozen, in, o.per_rank_normalisation);
-    at::Tensor sums = at::tensor({m.num, m.den, m.accept, m.kept}, at::kDouble);
+    const bool bad = !finite_step(m, w);
+    at::Tensor sums = at::tensor({m.num, m.den, m.accept, m.kept, bad ? 1.0 : 0.0}, at::kDouble);
     allreduce_step(cl, w, sums);
+    if (sums[4].item<double>() > 0) {  // every drafter sees it: all stop, the culprits dump
+      if (bad && o.hooks.nonfinite) o.hooks.nonfinite(t, g, in, w);
+      throw dist::DistError(fmt::format(
+          "rank {}: non-finite loss or gradient at step {} on {} drafter rank(s); stopping",
+          cl.rank(), t + 1, int64_t(sums[4].item<double>())));
+    }
     const double num = sums[0].item<double>(), den = sums[1].item<double>();
     scale_grads(w, o.per_rank_normalisation ? double(D) : den);
     const AdamW::Stats s = opt.step();

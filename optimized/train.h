@@ -38,8 +38,14 @@ struct SplitHooks {
   // Drafter ranks: the frozen embedding / LM head, and the resumed state.
   std::function<FrozenWeights()> frozen;
   std::function<void(DrafterWeights&, AdamW&)> resume;
-  // Drafter rank 0 only: after every step (metrics, evaluation,
-  // checkpoints) and at the end.
+  // Drafter ranks: before each step (test hooks), and when any drafter's
+  // loss or gradients are non-finite, on the ranks whose own micro-batch is
+  // (writes a dump, throws naming the tensor); the others then stop too.
+  std::function<void(int64_t t, DrafterWeights&)> before_step;
+  std::function<void(int64_t t, int64_t g, const StepInputs&, const DrafterWeights&)> nonfinite;
+  // Drafter rank 0 only: once the ranks have met, after every step
+  // (metrics, evaluation, checkpoints) and at the end.
+  std::function<void()> at_start;
   std::function<void(const StepLog&, const DrafterWeights&, const AdamW&)> after_step;
   std::function<void(const DrafterWeights&, const AdamW&)> at_end;
 };
@@ -57,7 +63,6 @@ struct TrainOptions {
   std::string fault;
   SplitHooks hooks;
 };
-
 
 std::vector<StepLog> train_distributed(const Config& c, const TrainOptions& o, dist::Cluster& cl);
 

@@ -65,8 +65,7 @@ void flatten(const nlohmann::json& j, const std::string& prefix,
 }
 
 bool cadence_key(const std::string& k) {
-  static const std::set<std::string> kFree = {"train.steps",
-                                              "train.log_every",
+  static const std::set<std::string> kFree = {"train.log_every",
                                               "train.eval_every",
                                               "train.eval_batches",
                                               "train.checkpoint_every",
@@ -74,6 +73,7 @@ bool cadence_key(const std::string& k) {
                                               "train.out_dir",
                                               "run.threads",
                                               "topology.timeout_s",
+                                              "topology.startup_timeout_s",
                                               "topology.queue_depth",
                                               "topology.memory_reserve_gb",
                                               "topology.device_memory_gb"};
@@ -110,6 +110,7 @@ std::string save_checkpoint(const std::string& run_dir, const Config& c, const D
                             const AdamW& opt, const TrainerState& s) {
   const fs::path root = fs::path(run_dir) / "checkpoints";
   const fs::path final_dir = root / step_name(s.step);
+  if (fs::exists(final_dir / "trainer_state.json")) return final_dir.string();  // resumed, no step
   const fs::path tmp = root / fmt::format(".tmp-{}-{}", step_name(s.step), ::getpid());
   fs::remove_all(tmp);
   fs::create_directories(tmp);
@@ -125,6 +126,8 @@ std::string save_checkpoint(const std::string& run_dir, const Config& c, const D
       {"step", s.step},
       {"cursor", s.cursor},
       {"optimizer_steps", opt.steps_taken()},
+      {"threads",
+       at::get_num_threads()},  // CPU reductions split by thread: bit-exactness needs the same
       {"rng",
        {{"scheme",
          "derive_seed(run.seed, stream, index): anchors and data order are "
@@ -132,14 +135,9 @@ std::string save_checkpoint(const std::string& run_dir, const Config& c, const D
         {"seed", c.run.seed}}},
       {"config", config_to_json(c)}};
   safetensors::write_file_atomic((tmp / "trainer_state.json").string(), state.dump(2) + "\n");
-  if (fs::exists(final_dir)) {  // re-written after a resume: swap, then drop the old one
-    const fs::path old = root / fmt::format(".tmp-old-{}-{}", step_name(s.step), ::getpid());
-    fs::rename(final_dir, old);
-    fs::rename(tmp, final_dir);
-    fs::remove_all(old);
-  } else {
-    fs::rename(tmp, final_dir);
-  }
+  fs::remove_all(final_dir);  // an incomplete leftover (no trainer_state.json)
+  fs::rename(tmp, final_dir);
+  safetensors::fsync_path(root.string());
   safetensors::write_file_atomic((root / "latest").string(), step_name(s.step) + "\n");
   prune(root, c.train.keep_checkpoints);
   return final_dir.string();
@@ -158,9 +156,16 @@ Checkpoint read_checkpoint(const std::string& dir) {
   for (const char* k : {"step", "cursor", "optimizer_steps", "config"})
     if (!st.contains(k))
       throw CheckpointError(fmt::format("{}/trainer_state.json: {}: missing", dir, k));
+  if (!st["step"].is_number_integer() || !st["cursor"].is_number_integer() ||
+      !st["optimizer_steps"].is_number_integer() || !st["config"].is_object())
+    throw CheckpointError(
+        fmt::format("{}/trainer_state.json: step, cursor, optimizer_steps: "
+                    "expected integers and config an object",
+                    dir));
   ck.state = {st["step"].get<int64_t>(), st["cursor"].get<int64_t>()};
   ck.config = st["config"];
   ck.config["__optimizer_steps"] = st["optimizer_steps"];
+  ck.threads = st.value("threads", 0);
   auto read_into = [&](const char* file, std::map<std::string, at::Tensor>& dst) {
     const safetensors::File f = safetensors::read((fs::path(dir) / file).string());
     for (const auto& [n, t] : f.tensors) dst[n] = t;
@@ -171,6 +176,11 @@ Checkpoint read_checkpoint(const std::string& dir) {
 }
 
 void check_same_run(const Checkpoint& ck, const Config& c) {
+  if (ck.state.cursor != ck.state.step * c.train.micro_batches)
+    throw CheckpointError(fmt::format(
+        "{}/trainer_state.json: cursor {} is not step {} x train.micro_batches {}: written with "
+        "another number of micro-batches per step; not resuming",
+        ck.dir, ck.state.cursor, ck.state.step, c.train.micro_batches));
   std::map<std::string, nlohmann::json> there, here;
   nlohmann::json saved = ck.config;
   saved.erase("__optimizer_steps");

@@ -50,13 +50,15 @@ struct Checkpoint {
   std::string dir;
   TrainerState state;
   nlohmann::json config;  // resolved config of the run that wrote it
+  int threads = 0;        // intra-op threads of the run that wrote it
   std::map<std::string, at::Tensor> params, moments;
 };
 Checkpoint read_checkpoint(const std::string& dir);
 
 // Refuses a checkpoint written by a different config (model, data, loss,
 // optimizer settings), naming the first differing key. Cadence keys
-// (train.steps, log/eval/checkpoint intervals, out_dir, threads) may change.
+// (log/eval/checkpoint intervals, out_dir, threads) may change; train.steps
+// may not (it is the cosine horizon).
 void check_same_run(const Checkpoint& ck, const Config& c);
 
 // Loads parameters and optimizer state in place.

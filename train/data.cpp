@@ -118,6 +118,9 @@ std::vector<std::string> shard_files(const std::string& dir) {
     if (!j.contains("shards") || !j["shards"].is_array())
       throw DataError(fmt::format("{}: shards: expected an array of file names", index.string()));
     for (const auto& s : j["shards"]) {
+      if (!s.is_string())
+        throw DataError(
+            fmt::format("{}: shards: expected file names, found {}", index.string(), s.dump()));
       const fs::path p = fs::path(dir) / s.get<std::string>();
       if (!fs::exists(p))
         throw DataError(fmt::format("{}: shards: lists {}, which does not exist (missing shard)",
@@ -194,6 +197,8 @@ Dataset read_shards(const Config& c, const std::string& dir) {
     if (i.sizes() != m.sizes())
       throw DataError(fmt::format("{}: loss_mask: expected shape {} (as input_ids), found {}", file,
                                   shape_text(i.sizes()), shape_text(m.sizes())));
+    if (i.numel() == 0)
+      throw DataError(fmt::format("{}: input_ids: expected samples, found none", file));
     const int64_t lo = i.min().item<int64_t>(), hi = i.max().item<int64_t>();
     check_token(c, lo, file), check_token(c, hi, file);
     if ((i == c.data.mask_token_id).any().item<bool>()) check_token(c, c.data.mask_token_id, file);
@@ -249,7 +254,12 @@ DataSplit load_data(const Config& c, const TargetWeights* target) {
   }
   if (dc.source == "features") {
     s.train = read_features(c, dc.path, "train");
-    s.eval = read_features(c, dc.eval_path.empty() ? dc.path : dc.eval_path, "eval");
+    if (dc.eval_path.empty()) {
+      s.eval = read_features(c, dc.path, "eval");
+    } else {  // another features directory: its held-out split, else its training split
+      s.eval = read_features(c, dc.eval_path, "eval");
+      if (s.eval.size() == 0) s.eval = read_features(c, dc.eval_path, "train");
+    }
     return s;
   }
   s.train = read_source(c, dc.path);

@@ -60,6 +60,7 @@ void check_index(const Config& c, const nlohmann::json& j, const std::string& di
   same("hidden_size", c.target.shape.hidden_size, "target.hidden_size");
   same("seq_len", c.data.seq_len, "data.seq_len");
   same("target_layer_ids", c.drafter.target_layer_ids, "drafter.target_layer_ids");
+  same("mask_token_id", c.data.mask_token_id, "data.mask_token_id");
 }
 
 at::Tensor shard_tensor(const safetensors::File& f, const char* name, std::vector<int64_t> shape) {
@@ -78,10 +79,18 @@ Dataset read_shard(const Config& c, const std::string& file, int64_t n) {
             shard_tensor(f, "loss_mask", {n, S}).to(at::kBool),
             shard_tensor(f, "features", {n, S, L * H}).to(dt),
             shard_tensor(f, "target_hidden", {n, S, H}).to(dt)};
-  if (n > 0 && (d.input_ids.min().item<int64_t>() < 0 ||
-                d.input_ids.max().item<int64_t>() >= c.target.vocab_size))
-    throw DataError(
-        fmt::format("{}: input_ids: expected token ids in [0, {})", file, c.target.vocab_size));
+  if (n > 0) {
+    const int64_t lo = d.input_ids.min().item<int64_t>(), hi = d.input_ids.max().item<int64_t>();
+    if (lo < 0 || hi >= c.target.vocab_size ||
+        (d.input_ids == c.data.mask_token_id).any().item<bool>())
+      throw DataError(
+          fmt::format("{}: input_ids: expected token ids in [0, {}) other than the mask "
+                      "token {}, found [{}, {}]",
+                      file, c.target.vocab_size, c.data.mask_token_id, lo, hi));
+    const at::Tensor m = f.get("loss_mask");
+    if (((m != 0) & (m != 1)).any().item<bool>())
+      throw DataError(fmt::format("{}: loss_mask: expected 0 or 1 entries", file));
+  }
   return d;
 }
 
@@ -121,7 +130,16 @@ Dataset read_features(const Config& c, const std::string& dir, const std::string
   const nlohmann::json j = read_index(dir);
   check_index(c, j, dir);
   std::vector<Dataset> parts;
-  for (const auto& e : j.value(split, nlohmann::json::array())) {
+  const nlohmann::json entries = j.value(split, nlohmann::json::array());
+  if (!entries.is_array())
+    throw DataError(fmt::format("{}/{}: {}: expected an array of shards", dir, kIndex, split));
+  for (const auto& e : entries) {
+    if (!e.is_object() || !e.value("file", nlohmann::json()).is_string() ||
+        !e.value("samples", nlohmann::json()).is_number_integer())
+      throw DataError(
+          fmt::format("{}/{}: {}: expected entries {{\"file\": name, \"samples\": n}}, "
+                      "found {}",
+                      dir, kIndex, split, e.dump()));
     const fs::path p = fs::path(dir) / e.value("file", "");
     if (!fs::exists(p))
       throw DataError(fmt::format("{}/{}: {}: lists {}, which does not exist (missing shard)", dir,
@@ -147,31 +165,42 @@ int write_features(const std::string& config, const std::string& out_dir, int64_
         fmt::format("{}: data.source: expected jsonl, shards or self_distill for "
                     "`dflash features` (a finite dataset), found \"{}\"",
                     config, c.data.source));
-  if (fs::exists(out_dir))
-    throw DataError(fmt::format("{}: already exists; not overwriting it", out_dir));
+  if (shard_samples < 1)
+    throw DataError(fmt::format("--shard-samples: expected >= 1, found {}", shard_samples));
+  const fs::path out = fs::path(out_dir).lexically_normal() / "";  // "a/b/" for "a/b" or "a/b/"
+  const fs::path final_dir = out.parent_path();
+  if (fs::exists(final_dir))
+    throw DataError(fmt::format("{}: already exists; not overwriting it", final_dir.string()));
   configure_threads(c.run.threads);
   const TargetWeights target = load_target(c);
   const DataSplit data = load_data(c, &target);
-  const fs::path tmp = out_dir + fmt::format(".tmp-{}", ::getpid());
+  const fs::path tmp = final_dir.parent_path() /
+                       fmt::format(".{}.tmp-{}", final_dir.filename().string(), ::getpid());
   fs::remove_all(tmp);
   fs::create_directories(tmp);
-  nlohmann::json j = {{"format", kFormat},
-                      {"vocab_size", c.target.vocab_size},
-                      {"hidden_size", c.target.shape.hidden_size},
-                      {"seq_len", c.data.seq_len},
-                      {"target_layer_ids", c.drafter.target_layer_ids},
-                      {"dtype", dtype_name(c.run.dtype)},
-                      {"config", config_to_json(c)}};
-  j["train"] = write_split(c, target, data.train, "train", tmp, shard_samples);
-  j["eval"] = write_split(c, target, data.eval, "eval", tmp, shard_samples);
-  safetensors::write(
-      (tmp / "frozen.safetensors").string(),
-      {{"embed_tokens.weight", target.embed_tokens}, {"lm_head.weight", target.lm_head}},
-      {{"format", kFormat}});
-  safetensors::write_file_atomic((tmp / kIndex).string(), j.dump(2) + "\n");
-  fs::rename(tmp, out_dir);
+  try {
+    nlohmann::json j = {{"format", kFormat},
+                        {"vocab_size", c.target.vocab_size},
+                        {"hidden_size", c.target.shape.hidden_size},
+                        {"seq_len", c.data.seq_len},
+                        {"target_layer_ids", c.drafter.target_layer_ids},
+                        {"mask_token_id", c.data.mask_token_id},
+                        {"dtype", dtype_name(c.run.dtype)},
+                        {"config", config_to_json(c)}};
+    j["train"] = write_split(c, target, data.train, "train", tmp, shard_samples);
+    j["eval"] = write_split(c, target, data.eval, "eval", tmp, shard_samples);
+    safetensors::write(
+        (tmp / "frozen.safetensors").string(),
+        {{"embed_tokens.weight", target.embed_tokens}, {"lm_head.weight", target.lm_head}},
+        {{"format", kFormat}});
+    safetensors::write_file_atomic((tmp / kIndex).string(), j.dump(2) + "\n");
+    fs::rename(tmp, final_dir);
+  } catch (...) {
+    fs::remove_all(tmp);
+    throw;
+  }
   fmt::print("features: {} training and {} held-out samples in {}\n", data.train.size(),
-             data.eval.size(), out_dir);
+             data.eval.size(), final_dir.string());
   return 0;
 }
 

@@ -55,6 +55,9 @@ std::map<std::string, std::string> weight_files(const std::string& dir,
       throw std::runtime_error(
           fmt::format("{}: weight_map: no entry for {}", index.string(), s.name));
     }
+    if (!map[s.name].is_string())
+      throw std::runtime_error(fmt::format("{}: weight_map.{}: expected a file name, found {}",
+                                           index.string(), s.name, map[s.name].dump()));
     const fs::path shard = fs::path(dir) / map[s.name].get<std::string>();
     if (!fs::exists(shard))
       throw std::runtime_error(
@@ -68,37 +71,67 @@ std::map<std::string, std::string> weight_files(const std::string& dir,
 
 }  // namespace
 
-TargetWeights load_hf_target(const Config& c) {
+namespace {
+
+// The named tensors of the model directory (all of `specs`), one shard file
+// in memory at a time, each checked against its spec and converted.
+std::map<std::string, at::Tensor> load_hf_tensors(const Config& c,
+                                                  const std::vector<ParamSpec>& specs) {
   const std::string& dir = c.target.path;
-  const std::vector<ParamSpec> specs = target_specs(c);
   const bool tied = c.target.tie_word_embeddings;
   const std::map<std::string, std::string> where = weight_files(dir, specs, tied);
-  std::map<std::string, safetensors::File> files;
-  for (const auto& [name, file] : where)
-    if (!files.count(file)) files.emplace(file, safetensors::read(file));
-  std::map<std::string, at::Tensor> taken;
-  const at::ScalarType dt = scalar_type(c.run.dtype);
+  std::map<std::string, std::vector<const ParamSpec*>> by_file;
   for (const ParamSpec& s : specs) {
     auto it = where.find(s.name);
-    const safetensors::File* f = it == where.end() ? nullptr : &files.at(it->second);
-    if (!f || !f->has(s.name)) {
-      if (tied && s.name == "lm_head.weight") continue;  // HF leaves the tied head out
-      throw std::runtime_error(fmt::format("{}: missing tensor {}", f ? f->label : dir, s.name));
-    }
-    const at::Tensor& t = f->get(s.name);
-    if (t.sizes().vec() != s.shape)
-      throw std::runtime_error(
-          fmt::format("{}: {}: expected shape {} (from {}/config.json), found {}", f->label, s.name,
-                      shape_text(s.shape), dir, shape_text(t.sizes())));
-    taken[s.name] = t.to(dt).contiguous();
+    if (it != where.end()) by_file[it->second].push_back(&s);
   }
+  const at::ScalarType dt = scalar_type(c.run.dtype);
+  std::map<std::string, at::Tensor> taken;
+  for (const auto& [file, wanted] : by_file) {
+    const safetensors::File f = safetensors::read(file);
+    for (const ParamSpec* s : wanted) {
+      if (!f.has(s->name)) {
+        if (tied && s->name == "lm_head.weight") continue;  // HF leaves the tied head out
+        throw std::runtime_error(fmt::format("{}: missing tensor {}", f.label, s->name));
+      }
+      const at::Tensor& t = f.get(s->name);
+      if (t.sizes().vec() != s->shape)
+        throw std::runtime_error(
+            fmt::format("{}: {}: expected shape {} (from {}/config.json), found {}", f.label,
+                        s->name, shape_text(s->shape), dir, shape_text(t.sizes())));
+      if (!t.is_floating_point())
+        throw std::runtime_error(fmt::format("{}: {}: expected a floating dtype, found {}", f.label,
+                                             s->name, at::toString(t.scalar_type())));
+      taken[s->name] = t.to(dt).contiguous().clone();  // not a view of the file buffer
+    }
+  }
+  for (const ParamSpec& s : specs)
+    if (!taken.count(s.name) && !(tied && s.name == "lm_head.weight"))
+      throw std::runtime_error(fmt::format("{}: missing tensor {}", dir, s.name));
+  return taken;
+}
+
+}  // namespace
+
+TargetWeights load_hf_target(const Config& c) {
+  const std::map<std::string, at::Tensor> taken = load_hf_tensors(c, target_specs(c));
   TargetWeights w;
   w.layers.resize(size_t(c.target.num_hidden_layers));
   visit(w, [&](const std::string& n, at::Tensor& t) {
     if (taken.count(n)) t = taken.at(n);
   });
-  if (tied) w.lm_head = w.embed_tokens;  // one tensor, as in the fixture's tied target
+  if (c.target.tie_word_embeddings) w.lm_head = w.embed_tokens;  // one tensor, as HF ties them
   return w;
+}
+
+FrozenWeights load_frozen(const Config& c) {
+  if (c.target.source != "hf") return fixtures::make_target(c).frozen();
+  std::vector<ParamSpec> specs;
+  for (const ParamSpec& s : target_specs(c))
+    if (s.name == "model.embed_tokens.weight" || s.name == "lm_head.weight") specs.push_back(s);
+  const std::map<std::string, at::Tensor> taken = load_hf_tensors(c, specs);
+  const at::Tensor embed = taken.at("model.embed_tokens.weight");
+  return {embed, c.target.tie_word_embeddings ? embed : taken.at("lm_head.weight")};
 }
 
 TargetWeights load_target(const Config& c) {

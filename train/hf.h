@@ -18,6 +18,9 @@ namespace dflash::train {
 // target.source = "fixture" (seeded) or "hf" (target.path), in the run dtype.
 TargetWeights load_target(const Config& c);
 TargetWeights load_hf_target(const Config& c);
+// Only the frozen embedding / LM head the drafter borrows (a drafter rank of
+// the split need not hold the target).
+FrozenWeights load_frozen(const Config& c);
 
 // The Qwen3 fields of a config.json for `shape` (architectures, model_type,
 // hidden_size, ..., torch_dtype).

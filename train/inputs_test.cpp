@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "core/safetensors.h"
 #include "fixtures/fixtures.h"
@@ -208,14 +209,25 @@ TEST(Data, CursorIsAPureFunctionOfTheMicroBatchIndex) {
   c.data.batch_size = 2;
   const TargetWeights t = fixtures::make_target(c);
   const Dataset d = self_distill(c, t, 10, "self_distill");
-  EXPECT_TRUE(at::equal(train_batch(c, d, 7).input_ids, train_batch(c, d, 7).input_ids));
+  // Regenerated from scratch (as a resumed run does), micro-batch 7 is the same.
+  const Dataset again = self_distill(c, fixtures::make_target(c), 10, "self_distill");
+  EXPECT_TRUE(at::equal(train_batch(c, d, 7).input_ids, train_batch(c, again, 7).input_ids));
+  EXPECT_FALSE(at::equal(train_batch(c, d, 7).input_ids, train_batch(c, d, 8).input_ids));
   EXPECT_FALSE(d.loss_mask.narrow(1, 0, 3).any().item<bool>());
   EXPECT_TRUE(d.loss_mask.narrow(1, 3, 9).all().item<bool>());
   EXPECT_FALSE((d.input_ids == c.data.mask_token_id).any().item<bool>());
-  // An epoch (5 micro-batches of 2) visits every sample once.
-  std::vector<at::Tensor> rows;
-  for (int64_t g = 0; g < 5; ++g) rows.push_back(train_batch(c, d, g).input_ids);
-  EXPECT_TRUE(at::equal(std::get<0>(at::cat(rows).sort(0)), std::get<0>(d.input_ids.sort(0))));
+  // An epoch (5 micro-batches of 2) visits every sample exactly once.
+  std::multiset<std::vector<int64_t>> seen, all;
+  auto rows_of = [](const at::Tensor& t, std::multiset<std::vector<int64_t>>& out) {
+    for (int64_t r = 0; r < t.size(0); ++r) {
+      const at::Tensor row = t[r].contiguous();
+      out.insert(
+          std::vector<int64_t>(row.data_ptr<int64_t>(), row.data_ptr<int64_t>() + row.numel()));
+    }
+  };
+  for (int64_t g = 0; g < 5; ++g) rows_of(train_batch(c, d, g).input_ids, seen);
+  rows_of(d.input_ids, all);
+  EXPECT_EQ(seen, all);
 }
 
 TEST(Checkpoint, InferenceConfigAndNoFrozenTensors) {
@@ -223,7 +235,7 @@ TEST(Checkpoint, InferenceConfigAndNoFrozenTensors) {
   Config c = fixtures::micro_config();
   const DrafterWeights w = fixtures::make_drafter(c);
   AdamW opt(named(w), optim_config(c.train));
-  const std::string dir = save_checkpoint(tmp / "run", c, w, opt, {3, 3});
+  const std::string dir = save_checkpoint(tmp / "run", c, w, opt, {3, 3 * c.train.micro_batches});
   nlohmann::json j;
   std::ifstream(dir + "/config.json") >> j;
   EXPECT_EQ(j["architectures"][0], "DFlashDraftModel");
@@ -244,14 +256,17 @@ TEST(Checkpoint, FromADifferentConfigIsRefusedNamingTheKey) {
   Config c = fixtures::micro_config();
   const DrafterWeights w = fixtures::make_drafter(c);
   AdamW opt(named(w), optim_config(c.train));
-  const std::string dir = save_checkpoint(tmp / "run", c, w, opt, {1, 1});
+  const std::string dir = save_checkpoint(tmp / "run", c, w, opt, {1, c.train.micro_batches});
   Config other = c;
   other.loss.gamma += 1;
   expect_error([&] { check_same_run(read_checkpoint(dir), other); },
                {"loss.gamma", "different config"});
   Config cadence = c;
-  cadence.train.steps *= 2, cadence.train.log_every = 1;  // allowed to change on resume
+  cadence.train.log_every = 1, cadence.train.checkpoint_every = 7;  // may change on resume
   EXPECT_NO_THROW(check_same_run(read_checkpoint(dir), cadence));
+  Config horizon = c;
+  horizon.train.steps *= 2;  // the cosine horizon: every remaining lr would change
+  expect_error([&] { check_same_run(read_checkpoint(dir), horizon); }, {"train.steps"});
 }
 
 }  // namespace

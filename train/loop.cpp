@@ -55,8 +55,10 @@ bool finite(const at::Tensor& t) {
 // names the first non-finite tensor, inputs first, then parameters, loss,
 // gradients.
 [[noreturn]] void stop_nonfinite(const Run& r, const StepInputs& in, int64_t g) {
-  const std::string dump =
-      (fs::path(r.dir) / fmt::format("nonfinite-step-{:06d}.safetensors", r.st.step + 1)).string();
+  const std::string dump = (fs::path(r.dir) / fmt::format("nonfinite-step-{:06d}{}.safetensors",
+                                                          r.st.step + 1, r.dump_suffix))
+                               .string();
+  fs::create_directories(r.dir);
   const StepResult res = run_step(r.fn, r.c, r.w, r.frozen, in);
   harness::write_step_dump(dump, r.c, r.w, r.frozen, in, res);
   std::string first = "none found on replay";
@@ -182,14 +184,17 @@ std::string run_dir_for(const Config& c, const RunOptions& o) {
 
 // Everything that can reject the run's inputs, read-only: nothing in the
 // run directory is written before this has passed.
-std::unique_ptr<Run> prepare(const Config& c, const RunOptions& o, bool with_data) {
+std::unique_ptr<Run> prepare(const Config& c, const RunOptions& o, bool with_data,
+                             bool with_target) {
   auto r = std::make_unique<Run>();
   r->c = c, r->o = o, r->dir = run_dir_for(c, o);
   if (c.data.source == "features") {
     r->frozen = read_features_frozen(c, c.data.path);
-  } else {
+  } else if (with_target) {
     r->target = load_target(c);
     r->frozen = r->target.frozen();
+  } else {
+    r->frozen = load_frozen(c);
   }
   if (with_data) r->data = load_data(c, c.data.source == "features" ? nullptr : &r->target);
   r->w = fixtures::make_drafter(c);
@@ -208,6 +213,13 @@ std::unique_ptr<Run> prepare(const Config& c, const RunOptions& o, bool with_dat
     check_same_run(ck, c);
     restore(ck, c, r->w, *r->opt);
     r->st = ck.state;
+    r->resumed = true;
+    if (ck.threads != 0 && ck.threads != at::get_num_threads())
+      fmt::print(stderr,
+                 "warning: {} was written with {} intra-op threads, this run has {}: CPU "
+                 "reductions split differently, so the resumed run is not bit-exact (run.threads "
+                 "fixes the count)\n",
+                 *latest, ck.threads, at::get_num_threads());
     fmt::print("resuming from {} (step {}, data cursor {})\n", *latest, r->st.step, r->st.cursor);
   } else if (o.resume) {
     fmt::print("resume: no complete checkpoint in {}; starting at step 0\n", r->dir);
@@ -322,13 +334,14 @@ Config resolve_config(const RunOptions& o) {
 
 RunSummary train_run(const Config& c, const RunOptions& o) {
   configure_threads(c.run.threads);
-  std::unique_ptr<detail::Run> r = detail::prepare(c, o, true);
+  std::unique_ptr<detail::Run> r = detail::prepare(c, o, true, true);
   return detail::run_loop(*r);
 }
 
 int run_training(const RunOptions& o) {
   const char* ws = std::getenv("WORLD_SIZE");
   const Config c = resolve_config(o);
+  configure_threads(c.run.threads);
   if (ws && std::atoll(ws) > 1) return detail::run_split(c, o);
   if (c.topology.device != "cpu")
     throw std::runtime_error(fmt::format(
@@ -337,11 +350,15 @@ int run_training(const RunOptions& o) {
         o.config, c.topology.device));
   configure_threads(c.run.threads);
   // Every input is checked before anything is written.
-  std::unique_ptr<detail::Run> r = detail::prepare(c, o, true);
+  std::unique_ptr<detail::Run> r = detail::prepare(c, o, true, true);
   if (!detail::gate(c, o, r->dir)) return 1;
   const RunSummary s = detail::run_loop(*r);
-  fmt::print("\ntrained {} steps; held-out tau {:.3f} -> {:.3f}\nreport: {}\n", s.steps,
-             s.first_eval_tau, s.last_eval_tau, s.report);
+  if (r->resumed)
+    fmt::print("\ntrained to step {} (resumed); held-out tau {:.3f}\nreport: {}\n", s.steps,
+               s.last_eval_tau, s.report);
+  else
+    fmt::print("\ntrained {} steps; held-out tau {:.3f} -> {:.3f}\nreport: {}\n", s.steps,
+               s.first_eval_tau, s.last_eval_tau, s.report);
   return 0;
 }
 

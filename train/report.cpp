@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -45,7 +46,8 @@ std::string chart(const std::string& title, const std::vector<Series>& series) {
   double x0 = 1e300, x1 = -1e300, y0 = 1e300, y1 = -1e300;
   for (const Series& s : series)
     for (auto [x, y] : s.points)
-      x0 = std::min(x0, x), x1 = std::max(x1, x), y0 = std::min(y0, y), y1 = std::max(y1, y);
+      if (std::isfinite(y))
+        x0 = std::min(x0, x), x1 = std::max(x1, x), y0 = std::min(y0, y), y1 = std::max(y1, y);
   if (x0 > x1) return fmt::format("<h3>{}</h3><p>no data</p>\n", escape(title));
   if (x1 == x0) x1 = x0 + 1;
   if (y1 == y0) y1 = y0 + 1;
@@ -68,10 +70,11 @@ std::string chart(const std::string& title, const std::vector<Series>& series) {
   for (size_t i = 0; i < series.size(); ++i) {
     const Series& s = series[i];
     std::string pts;
-    for (auto [x, y] : s.points) pts += fmt::format("{:.1f},{:.1f} ", px(x), py(y));
+    for (auto [x, y] : s.points)
+      if (std::isfinite(y)) pts += fmt::format("{:.1f},{:.1f} ", px(x), py(y));
     o << fmt::format("<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"1.5\" points=\"{}\"/>\n",
                      s.color, pts);
-    if (s.points.size() == 1)
+    if (s.points.size() == 1 && std::isfinite(s.points[0].second))
       o << fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3\" fill=\"{}\"/>\n",
                        px(s.points[0].first), py(s.points[0].second), s.color);
     o << fmt::format("<text x=\"{}\" y=\"{}\" fill=\"{}\">{}</text>\n", W - R + 8,
@@ -83,6 +86,13 @@ std::string chart(const std::string& title, const std::vector<Series>& series) {
 
 const char* kColors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd",
                          "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
+
+// A number, or NaN for null / missing / non-numbers (a non-finite value is
+// written to JSON as null).
+double num(const nlohmann::json& j, const char* key) {
+  auto it = j.find(key);
+  return it != j.end() && it->is_number() ? it->get<double>() : std::nan("");
+}
 
 std::string read_text(const fs::path& p) {
   std::ifstream in(p);
@@ -103,7 +113,8 @@ std::vector<nlohmann::json> read_metrics(const fs::path& file) {
     ++n;
     if (line.empty()) continue;
     nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_discarded() || !j.is_object() || !j.contains("step") || !j.contains("kind"))
+    if (j.is_discarded() || !j.is_object() || !j.contains("step") || !j["step"].is_number() ||
+        !j.contains("kind"))
       throw std::runtime_error(
           fmt::format("{}:{}: expected a metrics object with kind and step", file.string(), n));
     rows.push_back(std::move(j));
@@ -119,13 +130,16 @@ std::string verdict_html(const fs::path& file) {
   if (j.value("skipped", false))
     return "<p style=\"color:#d62728\"><b>preflight SKIPPED</b> (--skip-preflight)</p>\n";
   std::ostringstream o;
-  o << "<p><b>preflight " << (j.value("passed", false) ? "passed" : "FAILED") << "</b></p>\n"
+  const nlohmann::json passed = j.value("passed", nlohmann::json());
+  o << "<p><b>preflight "
+    << (passed.is_boolean() ? (passed.get<bool>() ? "passed" : "FAILED") : "verdict unknown")
+    << "</b></p>\n"
     << "<table border=\"1\" cellpadding=\"3\" cellspacing=\"0\"><tr><th>check</th><th>result</th>"
        "<th>seconds</th><th>key figure</th></tr>\n";
   for (const auto& c : j.value("checks", nlohmann::json::array()))
     o << fmt::format("<tr><td>{}</td><td>{}</td><td>{:.2f}</td><td>{}</td></tr>\n",
-                     escape(c.value("check", "")), escape(c.value("result", "")),
-                     c.value("seconds", 0.0), escape(c.value("figure", "")));
+                     escape(c.value("check", "")), escape(c.value("result", "")), num(c, "seconds"),
+                     escape(c.value("figure", "")));
   o << "</table>\n";
   return o.str();
 }
@@ -141,14 +155,14 @@ std::string write_report(const std::string& run_dir) {
   for (const auto& j : rows) {
     const double step = j["step"].get<double>();
     const bool eval = j["kind"] == "eval";
-    (eval ? eloss : loss).points.emplace_back(step, j.value("loss", 0.0));
-    (eval ? etau : tau).points.emplace_back(step, j.value("tau", 1.0));
+    (eval ? eloss : loss).points.emplace_back(step, num(j, "loss"));
+    (eval ? etau : tau).points.emplace_back(step, num(j, "tau"));
     if (!eval) continue;
-    const auto acc = j.value("accuracy", std::vector<double>{});
-    for (size_t k = 1; k < acc.size(); ++k) {
+    const nlohmann::json acc = j.value("accuracy", nlohmann::json::array());
+    for (size_t k = 1; acc.is_array() && k < acc.size(); ++k) {
       Series& s = slots[k];
       s.name = fmt::format("slot {}", k), s.color = kColors[(k - 1) % 10];
-      s.points.emplace_back(step, acc[k]);
+      s.points.emplace_back(step, acc[k].is_number() ? acc[k].get<double>() : std::nan(""));
     }
   }
   std::vector<Series> acc_series;

@@ -53,18 +53,25 @@ struct Run {
   TrainerState st;
   std::ofstream metrics;
   double tokens_per_step = 0;
+  bool resumed = false;
+  std::string dump_suffix;  // the split: "-rank-R", so drafters do not collide
 };
 
 std::string run_dir_for(const Config& c, const RunOptions& o);
-// Loads the target (or the features' frozen pair), the data when
-// `with_data`, the drafter init and, with --resume, the newest checkpoint;
-// refuses an existing run without --resume. Writes nothing.
-std::unique_ptr<Run> prepare(const Config& c, const RunOptions& o, bool with_data);
+// Loads the target (`with_target`; else only the frozen embedding / LM
+// head; with features neither), the data when `with_data`, the drafter init
+// and, with --resume, the newest checkpoint; refuses an existing run without
+// --resume. Writes nothing.
+std::unique_ptr<Run> prepare(const Config& c, const RunOptions& o, bool with_data,
+                             bool with_target);
 StepInputs inputs_of(const Run& r, const MicroBatch& mb, const char* stream, int64_t index);
 void open_metrics(Run& r);
 void append_metrics(Run& r, const nlohmann::json& j);
 bool has_eval(const Run& r);
 Sums evaluate(Run& r);
+// Writes the step dump of micro-batch g and throws naming the first
+// non-finite tensor.
+[[noreturn]] void stop_nonfinite(const Run& r, const StepInputs& in, int64_t g);
 void checkpoint(Run& r);
 void maybe_exit_after(int64_t step);
 bool gate(const Config& c, const RunOptions& o, const std::string& dir);

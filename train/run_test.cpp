@@ -169,6 +169,18 @@ TEST(Features, ADirectoryForAnotherTapIsRefused) {
   const Shell r = offline.train("run");
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.out.find("features.json: target_layer_ids"), std::string::npos) << r.out;
+  std::string other_mask =
+      small_config("source = \"features\"\npath = \"" + (online.tmp / "feat") + "\"\n");
+  other_mask.replace(other_mask.find("mask_token_id = 63"), 18, "mask_token_id = 62");
+  RunFixture masked(other_mask);
+  const Shell m = masked.train("run");
+  EXPECT_NE(m.code, 0);
+  EXPECT_NE(m.out.find("features.json: mask_token_id"), std::string::npos) << m.out;
+  const Shell zero = sh(dflash() + " features --config " + online.config + " --out " +
+                        (online.tmp / "feat0") + " --shard-samples 0");
+  EXPECT_NE(zero.code, 0);
+  EXPECT_NE(zero.out.find("--shard-samples: expected >= 1"), std::string::npos) << zero.out;
+  EXPECT_FALSE(fs::exists(online.tmp / "feat0"));
 }
 
 TEST(Observability, ProgressMetricsReportAndALoudSkip) {
@@ -276,6 +288,27 @@ TEST(Split, TrainsTheConfigsDataAndResumesLikeOneProcess) {
   const Shell resumed = launch("resumed", "--resume", "");
   ASSERT_EQ(resumed.code, 0) << resumed.out;
   expect_bitwise_equal(f.params("split"), f.params("resumed"));
+}
+
+}  // namespace
+}  // namespace dflash::train
+
+namespace dflash::train {
+namespace {
+
+// A NaN on drafter rank 1 (the first drafter) at step 2: every drafter sees
+// the flag in the all-reduce and stops before the update; the culprit
+// writes its dump and names the tensor.
+TEST(Split, NonFiniteStopsEveryRankWithADump) {
+  RunFixture f(small_config() +
+               "[topology]\nworld_size = 3\ntarget_ranks = [0]\ndrafter_ranks = [1, 2]\n"
+               "timeout_s = 30.0\n");
+  const Shell r = sh(dflash() + " launch --nproc 3 -- train --skip-preflight --config " + f.config +
+                     " --out-dir " + (f.tmp / "run") + " --test-poison-step 2");
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("first non-finite tensor: fc.weight"), std::string::npos) << r.out;
+  EXPECT_TRUE(fs::exists(f.tmp / "run/nonfinite-step-000002-rank-1.safetensors")) << r.out;
+  EXPECT_FALSE(fs::exists(f.tmp / "run/checkpoints/step-000002")) << r.out;
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 
@@ -58,14 +59,19 @@ void split_progress(Run& r, const StepLog& l) {
   std::fflush(stdout);
 }
 
-// Drafter rank 0: metrics, evaluation, checkpoints and the report.
-void report_hooks(Run* run, int64_t D, SplitHooks& h) {
-  fs::create_directories(run->dir);
-  safetensors::write_file_atomic((fs::path(run->dir) / "config.toml").string(),
-                                 config_to_toml(run->c));
-  open_metrics(*run);
-  if (run->st.step == 0 && has_eval(*run)) evaluate(*run);
+// Drafter rank 0: once the ranks have met (every rank's inputs checked), the
+// run directory, step-0 evaluation; then metrics, evaluation, checkpoints
+// and the report.
+void report_hooks(Run* run, const RunOptions& o, int64_t D, SplitHooks& h) {
   auto saved = std::make_shared<int64_t>(-1);
+  h.at_start = [run, o] {
+    fs::create_directories(run->dir);
+    record_verdict(run->c, o, run->dir);
+    safetensors::write_file_atomic((fs::path(run->dir) / "config.toml").string(),
+                                   config_to_toml(run->c));
+    open_metrics(*run);
+    if (run->st.step == 0 && has_eval(*run)) evaluate(*run);
+  };
   h.after_step = [run, D, saved](const StepLog& l, const DrafterWeights& w, const AdamW& opt) {
     run->st.step = l.step + 1, run->st.cursor = run->st.step * D;
     run->w = w;  // the same tensors, for evaluation
@@ -90,6 +96,23 @@ void report_hooks(Run* run, int64_t D, SplitHooks& h) {
   };
 }
 
+// Every drafter: the same resumed state, the test poison, the non-finite dump.
+void drafter_hooks(Run* run, int64_t rank, bool reporter, SplitHooks& h) {
+  h.frozen = [run] { return run->frozen; };
+  h.resume = [run](DrafterWeights& w, AdamW& opt) { w = run->w, opt = *run->opt; };
+  run->dump_suffix = fmt::format("-rank-{}", rank);
+  h.nonfinite = [run](int64_t t, int64_t g, const StepInputs& in, const DrafterWeights& w) {
+    run->w = w, run->st.step = t;
+    stop_nonfinite(*run, in, g);
+  };
+  if (reporter && run->o.poison_step > 0)
+    h.before_step = [run](int64_t t, DrafterWeights& w) {
+      if (t + 1 != run->o.poison_step) return;
+      at::NoGradGuard ng;
+      w.fc.view(-1)[0] = NAN;
+    };
+}
+
 }  // namespace
 
 int run_split(const Config& c, const RunOptions& o) {
@@ -101,17 +124,25 @@ int run_split(const Config& c, const RunOptions& o) {
   const char* rank_env = std::getenv("RANK");
   const int64_t rank = rank_env ? std::atoll(rank_env) : 0;
   const TopologyConfig& tp = c.topology;
-  const bool target = has_rank(tp.target_ranks, rank);
+  const bool target = has_rank(tp.target_ranks, rank), drafter = has_rank(tp.drafter_ranks, rank);
   const bool reporter = !tp.drafter_ranks.empty() && tp.drafter_ranks[0] == rank;
-  // Every input checked on every rank before the ranks meet.
-  std::unique_ptr<Run> r = prepare(c, o, target || reporter);
   const int64_t D = int64_t(tp.drafter_ranks.size());
-  r->tokens_per_step = double(c.data.batch_size * c.data.seq_len * D);
+  if (o.micro_batches > 0 && o.micro_batches != D)
+    throw std::runtime_error(fmt::format(
+        "--micro-batches {} but the topology has {} drafter ranks (one micro-batch per drafter "
+        "per step)",
+        o.micro_batches, D));
+  Config cs = c;
+  cs.train.micro_batches = D;  // what a step is here; recorded in checkpoints
+  // Every input checked on every rank before the ranks meet. Target ranks and
+  // drafter 0 (evaluation) load the target and data; other drafters only
+  // the frozen embedding and LM head.
+  std::unique_ptr<Run> r = prepare(cs, o, target || reporter, target || reporter);
   TrainOptions t;
-  t.steps = c.train.steps;
-  t.micro_batches = o.micro_batches;
+  t.steps = cs.train.steps;
+  t.micro_batches = D;
   t.build = o.build;
-  t.optim = optim_config(c.train);
+  t.optim = optim_config(cs.train);
   t.out_params = o.out_params;
   t.per_rank_normalisation = o.per_rank_normalisation;
   t.fault = o.fault;
@@ -121,13 +152,9 @@ int run_split(const Config& c, const RunOptions& o) {
     t.hooks.micro_batch = [run](int64_t g) {
       return inputs_of(*run, train_batch(run->c, run->data.train, g), "anchors", g);
     };
-  t.hooks.frozen = [run] { return run->frozen; };
-  t.hooks.resume = [run](DrafterWeights& w, AdamW& opt) { w = run->w, opt = *run->opt; };
-  if (reporter) {
-    fs::create_directories(run->dir);
-    record_verdict(c, o, run->dir);
-    report_hooks(run, D, t.hooks);
-  }
+  if (drafter) drafter_hooks(run, rank, reporter, t.hooks);
+  if (reporter) report_hooks(run, o, D, t.hooks);
+  return run_train(cs, t);
   return run_train(c, t);
 }
 
