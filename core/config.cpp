@@ -238,7 +238,12 @@ void check_same(const std::string& label, const std::string& key, const T& toml_
 // any field, and then it must match.
 void read_hf_target(Section& t, TargetConfig& c, const std::string& label) {
   c.path = t.string("path", std::nullopt);
-  const TargetConfig hf = read_hf_config(c.path);
+  TargetConfig hf;
+  try {
+    hf = read_hf_config(c.path);
+  } catch (const ConfigError& e) {
+    throw ConfigError(fmt::format("{}: target.path: {}", label, e.what()));
+  }
   c.vocab_size = t.integer("vocab_size", hf.vocab_size);
   c.num_hidden_layers = t.integer("num_hidden_layers", hf.num_hidden_layers);
   c.shape = read_shape(t, &hf.shape);

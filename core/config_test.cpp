@@ -151,6 +151,23 @@ INSTANTIATE_TEST_SUITE_P(
                       "mask_token_id = 63\nsource = \"inline\"\ninput_ids = [[1], [2]]\nloss_mask "
                       "= [[1], [0]]"),
                  "data.input_ids", "data.seq_len = 16"},
+        Rejected{"jsonl_without_path", with("", "source = \"jsonl\"", "data"), "data.path",
+                 "for data.source = \"jsonl\""},
+        Rejected{"unknown_data_source", with("", "source = \"parquet\"", "data"), "data.source",
+                 "self_distill"},
+        Rejected{"prompt_too_long", with("", "source = \"self_distill\"\nprompt_len = 15", "data"),
+                 "data.prompt_len", "[1, data.seq_len - 2 = 14]"},
+        Rejected{"lr_not_positive", with("", "lr = 0.0", "train"), "train.lr", "> 0"},
+        Rejected{"beta_of_one", with("", "beta2 = 1.0", "train"), "train.beta2", "[0, 1)"},
+        Rejected{"min_lr_ratio_above_one", with("", "min_lr_ratio = 1.5", "train"),
+                 "train.min_lr_ratio", "[0, 1]"},
+        Rejected{"unknown_train_key", with("", "learning_rate = 1e-3", "train"),
+                 "train.learning_rate", "known keys"},
+        Rejected{"hf_without_path", with("", "source = \"hf\"", "target"), "target.path",
+                 "required"},
+        Rejected{"hf_directory_missing",
+                 with("", "source = \"hf\"\npath = \"/nonexistent/model\"", "target"),
+                 "/nonexistent/model/config.json", "cannot open"},
         Rejected{"not_toml", "[target\nvocab_size = 3", "line 1", "not valid TOML"}),
     [](const ::testing::TestParamInfo<Rejected>& i) { return std::string(i.param.name); });
 

@@ -12,9 +12,11 @@
 #include <sstream>
 
 #include "core/safetensors.h"
+#include "fixtures/fixtures.h"
 #include "fixtures/test_support.h"
 #include "harness/step_dump.h"
 #include "train/checkpoint.h"
+#include "train/hf.h"
 
 namespace dflash::train {
 namespace {
@@ -309,6 +311,32 @@ TEST(Split, NonFiniteStopsEveryRankWithADump) {
   EXPECT_NE(r.out.find("first non-finite tensor: fc.weight"), std::string::npos) << r.out;
   EXPECT_TRUE(fs::exists(f.tmp / "run/nonfinite-step-000002-rank-1.safetensors")) << r.out;
   EXPECT_FALSE(fs::exists(f.tmp / "run/checkpoints/step-000002")) << r.out;
+}
+
+}  // namespace
+}  // namespace dflash::train
+
+namespace dflash::train {
+namespace {
+
+// A Hugging Face directory (sharded, tied) written here is the target of a
+// gated run: preflight passes on the config and training reads the model.
+TEST(HfTarget, GatedRunTrainsAgainstTheDirectory) {
+  TmpDir tmp;
+  std::string text = small_config();
+  text.replace(text.find("[target]\n"), 9,
+               "[target]\nsource = \"hf\"\npath = \"" + (tmp / "model") + "\"\n");
+  text.replace(text.find("vocab_size = 64\n"), 16, "");  // from config.json
+  RunFixture f(text);
+  Config c = load_config(testing_support::cfg("dist-1x2.toml"));  // the same target shape
+  c.target.tie_word_embeddings = true;
+  c.run.dtype = DType::kFloat64;
+  write_hf_model(tmp / "model", c, fixtures::make_target(c), 2);
+  const Shell r = sh(dflash() + " train --preflight-cases 5 --config " + f.config + " --out-dir " +
+                     (tmp / "run"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("preflight: ok"), std::string::npos) << r.out;
+  EXPECT_NE(slurp(tmp / "run/report.html").find("preflight passed"), std::string::npos);
 }
 
 }  // namespace
