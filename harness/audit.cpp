@@ -57,7 +57,8 @@ namespace {
 void check_trainable(AuditReport& rep, const DrafterWeights& w, const GraphFacts& g, double wsum,
                      bool blind) {
   for (auto& [name, p] : named(w)) {
-    AuditRow r{name, true, p.sizes().vec()};
+    AuditRow r;
+    r.name = name, r.trainable = true, r.shape = p.sizes().vec();
     r.reachable = g.leaves.count(p.unsafeGetTensorImpl()) > 0;
     const at::Tensor gr = p.grad();
     r.grad_defined = gr.defined();
@@ -85,7 +86,8 @@ void check_frozen(AuditReport& rep, const NamedTensors& frozen,
                   const std::vector<at::Tensor>& before, const GraphFacts& g) {
   for (size_t i = 0; i < frozen.size(); ++i) {
     const auto& [name, t] = frozen[i];
-    AuditRow r{name, false, t.sizes().vec()};
+    AuditRow r;
+    r.name = name, r.trainable = false, r.shape = t.sizes().vec();
     r.reachable = g.leaves.count(t.unsafeGetTensorImpl()) > 0;
     r.grad_defined = t.grad().defined();
     r.moved = !at::equal(t.detach(), before[i]);

@@ -14,7 +14,7 @@
 #include "core/safetensors.h"
 #include "core/step.h"
 #include "fixtures/fixtures.h"
-#include "reference/target.h"
+#include "train/generate.h"
 #include "train/hf.h"
 
 namespace dflash::train {
@@ -225,18 +225,11 @@ Dataset self_distill(const Config& c, const TargetWeights& target, int64_t count
     }
   }
   d.loss_mask.narrow(1, P, S - P).fill_(true);
-  at::NoGradGuard ng;
-  const int64_t chunk = 512;  // rows per target forward
+  const int64_t chunk = 512;  // rows decoded together
   for (int64_t r0 = 0; r0 < count; r0 += chunk) {
-    at::Tensor ids = d.input_ids.narrow(0, r0, std::min(chunk, count - r0));  // (b, S) view
-    for (int64_t t = P; t < S; ++t) {
-      const at::Tensor prefix = ids.narrow(1, 0, t).contiguous();
-      const at::Tensor h =
-          reference::target_forward(c, target, prefix).final_hidden.select(1, t - 1);
-      at::Tensor logits = at::matmul(h, target.lm_head.t()).to(at::kFloat);  // (b, V)
-      logits.select(1, c.data.mask_token_id).fill_(-INFINITY);
-      ids.select(1, t).copy_(logits.argmax(1));
-    }
+    at::Tensor ids = d.input_ids.narrow(0, r0, std::min(chunk, count - r0)).contiguous();
+    greedy_continue(c, target, ids, P, c.data.mask_token_id);
+    d.input_ids.narrow(0, r0, ids.size(0)).copy_(ids);
   }
   return d;
 }

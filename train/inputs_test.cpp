@@ -13,8 +13,10 @@
 #include "core/safetensors.h"
 #include "fixtures/fixtures.h"
 #include "fixtures/test_support.h"
+#include "reference/target.h"
 #include "train/checkpoint.h"
 #include "train/data.h"
+#include "train/generate.h"
 #include "train/hf.h"
 
 namespace dflash::train {
@@ -267,6 +269,32 @@ TEST(Checkpoint, FromADifferentConfigIsRefusedNamingTheKey) {
   Config horizon = c;
   horizon.train.steps *= 2;  // the cosine horizon: every remaining lr would change
   expect_error([&] { check_same_run(read_checkpoint(dir), horizon); }, {"train.steps"});
+}
+
+}  // namespace
+}  // namespace dflash::train
+
+namespace dflash::train {
+namespace {
+
+// The KV-cached greedy decoder chooses what a whole-prefix target forward
+// chooses at every position (float64: no near-ties).
+TEST(Generate, CachedGreedyEqualsFullPrefixForwards) {
+  Config c = fixtures::micro_config();
+  const TargetWeights t = fixtures::make_target(c);
+  const int64_t B = 3, S = c.data.seq_len, P = 3;
+  at::Tensor ids = at::randint(0, c.target.vocab_size - 1, {B, S}, at::kLong);
+  at::Tensor naive = ids.clone();
+  for (int64_t s = P; s < S; ++s) {
+    const at::Tensor h =
+        reference::target_forward(c, t, naive.narrow(1, 0, s).contiguous()).final_hidden;
+    at::Tensor logits = reference::target_logits(t, h.select(1, s - 1));
+    logits.select(1, c.data.mask_token_id).fill_(-INFINITY);
+    naive.select(1, s).copy_(logits.argmax(1));
+  }
+  greedy_continue(c, t, ids, P, c.data.mask_token_id);
+  EXPECT_TRUE(at::equal(ids, naive)) << ids << naive;
+  EXPECT_FALSE((ids.narrow(1, P, S - P) == c.data.mask_token_id).any().item<bool>());
 }
 
 }  // namespace
