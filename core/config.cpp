@@ -345,6 +345,7 @@ void read_loss_run_optimized(Section l, Section r, Section o, Config& c, const s
   c.optimized.sparse_attention = o.boolean("sparse_attention", true);
   c.optimized.checkpoint_layers = o.boolean("checkpoint_layers", false);
   c.optimized.attention_tile = o.integer("attention_tile", 256);
+  c.optimized.target_query_chunk = o.integer("target_query_chunk", 1024);
   o.reject_unknown();
 }
 

@@ -115,10 +115,11 @@ struct RunConfig {
 // Which tricks the optimized step uses; each can be turned off to debug
 // (the reference step ignores this section).
 struct OptimizedConfig {
-  bool chunked_loss = true;        // fused chunked LM-head loss (chunk = loss.chunk_size)
-  bool sparse_attention = true;    // tiled block-sparse attention, else dense
-  bool checkpoint_layers = false;  // recompute each drafter layer in backward
-  int64_t attention_tile = 256;    // key tile of the sparse attention
+  bool chunked_loss = true;           // fused chunked LM-head loss (chunk = loss.chunk_size)
+  bool sparse_attention = true;       // tiled block-sparse attention, else dense
+  bool checkpoint_layers = false;     // recompute each drafter layer in backward
+  int64_t attention_tile = 256;       // key tile of the sparse attention
+  int64_t target_query_chunk = 1024;  // target forward: query rows per chunk; 0 = dense
 };
 
 // Which ranks run the target and which train drafters (SPEC.md's 8-GPU split).

@@ -161,6 +161,7 @@ void check_data_loss_run(const Checker& ck, const Config& c) {
 
   ck.at_least("run.threads", c.run.threads, 0);
   ck.at_least("optimized.attention_tile", c.optimized.attention_tile, 1);
+  ck.at_least("optimized.target_query_chunk", c.optimized.target_query_chunk, 0);
 }
 
 void check_train(const Checker& ck, const TrainConfig& t) {
@@ -275,7 +276,8 @@ nlohmann::json config_to_json(const Config& c) {
   j["optimized"] = {{"chunked_loss", c.optimized.chunked_loss},
                     {"sparse_attention", c.optimized.sparse_attention},
                     {"checkpoint_layers", c.optimized.checkpoint_layers},
-                    {"attention_tile", c.optimized.attention_tile}};
+                    {"attention_tile", c.optimized.attention_tile},
+                    {"target_query_chunk", c.optimized.target_query_chunk}};
   j["topology"] = {{"world_size", c.topology.world_size},
                    {"target_ranks", c.topology.target_ranks},
                    {"drafter_ranks", c.topology.drafter_ranks},

@@ -12,6 +12,7 @@
 #include "core/safetensors.h"
 #include "fixtures/fixtures.h"
 #include "optimized/step.h"
+#include "optimized/target.h"
 #include "reference/step.h"
 #include "reference/target.h"
 
@@ -101,7 +102,7 @@ namespace {
 
 StepInputs fixture_micro_batch(const Config& c, const TargetWeights& target, int64_t g) {
   const fixtures::Batch b = fixtures::make_batch(c, uint64_t(g));
-  const reference::TargetOutputs tout = reference::target_forward(c, target, b.input_ids);
+  const reference::TargetOutputs tout = optimized::target_forward(c, target, b.input_ids);
   return {b.input_ids, b.loss_mask, tout.features, tout.final_hidden, {}};
 }
 

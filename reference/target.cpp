@@ -7,7 +7,8 @@ namespace {
 
 // One causal decoder layer over the whole sequence; x (B, S, H).
 at::Tensor target_layer(const at::Tensor& x, const DecoderLayerWeights& w, const LayerShape& s,
-                        const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& causal) {
+                        const at::Tensor& cos, const at::Tensor& sin,
+                        const CausalAttentionFn& attend) {
   const int64_t hd = s.head_dim;
   const int64_t nh = s.num_attention_heads, nkv = s.num_key_value_heads;
   const at::Tensor h = rms_norm(x, w.input_layernorm, s.rms_norm_eps);  // (B, S, H)
@@ -15,7 +16,7 @@ at::Tensor target_layer(const at::Tensor& x, const DecoderLayerWeights& w, const
   const at::Tensor q = apply_rope(normed_heads(h, w.q_proj, w.q_norm, nh, hd, eps), cos, sin);
   const at::Tensor k = apply_rope(normed_heads(h, w.k_proj, w.k_norm, nkv, hd, eps), cos, sin);
   const at::Tensor v = split_heads(project(h, w.v_proj), nkv, hd);  // (B, nkv, S, hd)
-  const at::Tensor attn = masked_attention(q, k, v, causal);        // (B, nh, S, hd)
+  const at::Tensor attn = attend(q, k, v);                          // (B, nh, S, hd)
   const at::Tensor x1 = x + project(merge_heads(attn), w.o_proj);
   return x1 + swiglu_mlp(rms_norm(x1, w.post_attention_layernorm, s.rms_norm_eps), w);
 }
@@ -23,6 +24,17 @@ at::Tensor target_layer(const at::Tensor& x, const DecoderLayerWeights& w, const
 }  // namespace
 
 TargetOutputs target_forward(const Config& c, const TargetWeights& w, const at::Tensor& input_ids) {
+  const int64_t B = input_ids.size(0), S = input_ids.size(1);
+  const at::Tensor causal =
+      at::ones({S, S}, at::kBool).tril().expand({B, S, S});  // (B, S, S) key j <= query i
+  return target_forward_with(c, w, input_ids,
+                             [&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+                               return masked_attention(q, k, v, causal);
+                             });
+}
+
+TargetOutputs target_forward_with(const Config& c, const TargetWeights& w,
+                                  const at::Tensor& input_ids, const CausalAttentionFn& attend) {
   at::NoGradGuard no_grad;
   const LayerShape& s = c.target.shape;
   const int64_t B = input_ids.size(0), S = input_ids.size(1);
@@ -31,12 +43,9 @@ TargetOutputs target_forward(const Config& c, const TargetWeights& w, const at::
   auto [cos, sin] = rope_cos_sin(pos, s.head_dim, s.rope_theta, x.scalar_type());
   cos = cos.unsqueeze(1);  // (B, 1, S, hd)
   sin = sin.unsqueeze(1);
-  const at::Tensor causal =
-      at::ones({S, S}, at::kBool).tril().expand({B, S, S});  // (B, S, S) key j <= query i
-
   std::vector<at::Tensor> taps(c.drafter.target_layer_ids.size());
   for (int64_t i = 0; i < c.target.num_hidden_layers; ++i) {
-    x = target_layer(x, w.layers[size_t(i)], s, cos, sin, causal);
+    x = target_layer(x, w.layers[size_t(i)], s, cos, sin, attend);
     for (size_t t = 0; t < taps.size(); ++t)
       if (c.drafter.target_layer_ids[t] == i) taps[t] = x;
   }

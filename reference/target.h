@@ -3,6 +3,8 @@
 
 #include <ATen/ATen.h>
 
+#include <functional>
+
 #include "core/config.h"
 #include "core/weights.h"
 
@@ -12,6 +14,16 @@ struct TargetOutputs {
   at::Tensor features;      // (B, S, L*H) outputs of the tapped layers, concatenated
   at::Tensor final_hidden;  // (B, S, H) final RMSNorm output
 };
+
+// The target's causal self-attention: q (B, nh, S, hd), k/v (B, nkv, S, hd)
+// -> (B, nh, S, hd), query i seeing keys j <= i.
+using CausalAttentionFn =
+    std::function<at::Tensor(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v)>;
+
+// The forward with the attention supplied (the optimized build passes a
+// query-chunked one); target_forward uses dense masked attention.
+TargetOutputs target_forward_with(const Config& c, const TargetWeights& w,
+                                  const at::Tensor& input_ids, const CausalAttentionFn& attend);
 
 // Runs under at::NoGradGuard. "The output of layer i" is the residual stream
 // after layer i (Hugging Face hidden_states[i + 1]).

@@ -17,6 +17,7 @@
 
 #include "core/safetensors.h"
 #include "core/step.h"
+#include "optimized/target.h"
 #include "reference/target.h"
 #include "train/data.h"
 #include "train/hf.h"
@@ -111,7 +112,7 @@ nlohmann::json write_split(const Config& c, const TargetWeights& target, const D
   for (int64_t s0 = 0, k = 0; s0 < d.size(); s0 += shard_samples, ++k) {
     const int64_t n = std::min(shard_samples, d.size() - s0);
     const at::Tensor ids = d.input_ids.narrow(0, s0, n).contiguous();
-    const reference::TargetOutputs out = reference::target_forward(c, target, ids);
+    const reference::TargetOutputs out = optimized::target_forward(c, target, ids);
     const std::string name = fmt::format("{}-{:05d}.safetensors", split, k);
     safetensors::write((dir / name).string(),
                        {{"input_ids", ids},

@@ -19,6 +19,7 @@
 #include "harness/preflight.h"
 #include "harness/step_dump.h"
 #include "optimized/step.h"
+#include "optimized/target.h"
 #include "optimized/train.h"
 #include "reference/step.h"
 #include "reference/target.h"
@@ -39,7 +40,7 @@ double now() {
 StepInputs inputs_of(const Run& r, const MicroBatch& mb, const char* stream, int64_t index) {
   StepInputs in{mb.input_ids, mb.loss_mask, mb.features, mb.target_hidden, {}};
   if (!in.features.defined()) {
-    const reference::TargetOutputs t = reference::target_forward(r.c, r.target, mb.input_ids);
+    const reference::TargetOutputs t = optimized::target_forward(r.c, r.target, mb.input_ids);
     in.features = t.features, in.target_hidden = t.final_hidden;
   }
   Rng rng(derive_seed(r.c.run.seed, stream, uint64_t(index)));
