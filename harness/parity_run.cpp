@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/safetensors.h"
+#include "core/text.h"
 #include "fixtures/fixtures.h"
 #include "harness/audit.h"
 #include "harness/parity.h"
@@ -99,22 +100,6 @@ void write_reports(const ParityOptions& o, const std::vector<CheckRow>& rows,
     safetensors::write_file_atomic(o.json, j.dump(2) + "\n");
   }
   if (!o.junit.empty()) {
-    auto esc = [](std::string s) {
-      std::string out;
-      for (char ch : s) {
-        if (ch == '<')
-          out += "&lt;";
-        else if (ch == '>')
-          out += "&gt;";
-        else if (ch == '&')
-          out += "&amp;";
-        else if (ch == '"')
-          out += "&quot;";
-        else
-          out += ch;
-      }
-      return out;
-    };
     int failures = 0;
     for (const auto& r : rows) failures += !r.passed;
     std::string x = fmt::format(
@@ -122,9 +107,10 @@ void write_reports(const ParityOptions& o, const std::vector<CheckRow>& rows,
         "tests=\"{}\" failures=\"{}\">\n",
         rows.size(), failures);
     for (const auto& r : rows) {
-      x += fmt::format("  <testcase name=\"{}\" time=\"{:.3f}\">", esc(r.name), r.seconds);
+      x += fmt::format("  <testcase name=\"{}\" time=\"{:.3f}\">", xml_escape(r.name), r.seconds);
       if (!r.passed)
-        x += fmt::format("<failure message=\"{}\">{}</failure>", esc(r.figure), esc(r.detail));
+        x += fmt::format("<failure message=\"{}\">{}</failure>", xml_escape(r.figure),
+                         xml_escape(r.detail));
       x += "</testcase>\n";
     }
     x += "</testsuite>\n";

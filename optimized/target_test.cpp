@@ -26,6 +26,8 @@ TEST_P(ChunkedTarget, EqualsTheDenseForwardInFloat64) {
   const fixtures::Batch b = fixtures::make_batch(c, 3);
   const reference::TargetOutputs dense = reference::target_forward(c, w, b.input_ids);
   const reference::TargetOutputs chunked = target_forward(c, w, b.input_ids);
+  // float64: chunked score GEMMs round differently from the whole-matrix one
+  // in the last bits only.
   EXPECT_TRUE(at::allclose(chunked.features, dense.features, 1e-12, 1e-13))
       << (chunked.features - dense.features).abs().max().item<double>();
   EXPECT_TRUE(at::allclose(chunked.final_hidden, dense.final_hidden, 1e-12, 1e-13));

@@ -17,6 +17,34 @@
 #include "reference/target.h"
 
 namespace dflash::train {
+
+void zero_grads(const DrafterWeights& w) {
+  for (auto& [n, t] : named(w)) t.mutable_grad().reset();
+}
+
+void scale_grads(const DrafterWeights& w, double den) {
+  if (den <= 0) return;
+  at::NoGradGuard ng;
+  for (auto& [n, t] : named(w))
+    if (t.grad().defined()) t.mutable_grad().div_(den);
+}
+
+void write_params(const std::string& path, const DrafterWeights& w) {
+  if (path.empty()) return;
+  safetensors::NamedTensors t;
+  for (auto& [n, p] : named(w)) t.emplace_back(n, p.detach());
+  safetensors::write(path, t, {{"format", "dflash-drafter-params-v1"}});
+}
+
+void check_cpu_device(const Config& c) {
+  if (c.topology.device != "cpu")
+    throw std::runtime_error(fmt::format(
+        "{}: topology.device = \"{}\": this build trains on CPU only (gloo groups, host kernels "
+        "for the fused loss and sparse attention); NCCL groups and device kernels are not built "
+        "yet. `dflash plan` and `dflash preflight` do read device configs.",
+        c.path, c.topology.device));
+}
+
 namespace {
 
 double now() {
@@ -39,23 +67,6 @@ void maybe_fault(const std::string& spec, int64_t rank, int64_t step) {
   std::_Exit(17);
 }
 
-Anchors anchors_of(const Config& c, const at::Tensor& loss_mask, int64_t g) {
-  Rng rng(derive_seed(c.run.seed, "anchors", uint64_t(g)));
-  return sample_anchors(loss_mask, c.data.max_anchors, rng);
-}
-
-void zero_grads(const DrafterWeights& w) {
-  for (auto& [n, t] : named(w)) t.mutable_grad().reset();
-}
-
-// Gradients of the summed numerator, scaled by 1 / (global weight sum).
-void scale_grads(const DrafterWeights& w, double den) {
-  if (den <= 0) return;
-  at::NoGradGuard ng;
-  for (auto& [n, t] : named(w))
-    if (t.grad().defined()) t.mutable_grad().div_(den);
-}
-
 // One micro-batch: forward, and backward of the unnormalised numerator
 // (loss x local weight sum), so that sums over micro-batches and ranks can
 // be divided once by the global weight sum.
@@ -72,13 +83,6 @@ MicroResult micro_step(const StepFn& fn, const Config& c, const DrafterWeights& 
     (out.loss * den).backward();
   return {out.loss.item<double>() * den, den, double(out.accept_sum.item<int64_t>()),
           double(out.kept_blocks.item<int64_t>())};
-}
-
-void write_params(const std::string& path, const DrafterWeights& w) {
-  if (path.empty()) return;
-  safetensors::NamedTensors t;
-  for (auto& [n, p] : named(w)) t.emplace_back(n, p.detach());
-  safetensors::write(path, t, {{"format", "dflash-drafter-params-v1"}});
 }
 
 StepLog log_line(int64_t t, double num, double den, const AdamW::Stats& s, double accept,
@@ -141,7 +145,7 @@ StepInputs receive_micro_batch(const Config& c, dist::Cluster& cl, int64_t g, in
   cl.recv(feats, src, int(g * 4 + 2), what);
   cl.recv(hidden, src, int(g * 4 + 3), what);
   StepInputs in{ids[0], mask[0].to(at::kBool), feats[0], hidden[0], {}};
-  in.anchors = anchors_of(c, in.loss_mask, g);
+  in.anchors = fixtures::step_anchors(c, in.loss_mask, "anchors", uint64_t(g));
   return in;
 }
 
@@ -260,12 +264,7 @@ std::vector<StepLog> train_distributed(const Config& c, const TrainOptions& o, d
 }
 
 int run_train(const Config& c, const TrainOptions& o) {
-  if (c.topology.device != "cpu")
-    throw std::runtime_error(fmt::format(
-        "{}: topology.device = \"{}\": this build trains on CPU only (gloo groups, host kernels "
-        "for the fused loss and sparse attention); NCCL groups and device kernels are not built "
-        "yet. `dflash plan` and `dflash preflight` do read device configs.",
-        c.path, c.topology.device));
+  check_cpu_device(c);
   const dist::Env env = dist::env_from_process();
   if (!env.present || env.world_size == 1)
     throw dist::DistError("the split needs RANK / WORLD_SIZE > 1 (dflash launch or torchrun)");

@@ -68,6 +68,15 @@ std::vector<StepLog> train_distributed(const Config& c, const TrainOptions& o, d
 
 // `dflash train` inside a launched rank (RANK / WORLD_SIZE > 1); one
 // process trains through train::run_training (train/loop.h).
+// Shared with the single-process loop (train/loop.cpp), so both accumulate
+// and normalise identically: clear the drafter's gradients; divide the
+// summed numerator's gradients by the global weight sum (den > 0); write the
+// parameters (safetensors, "" = nothing); refuse a non-CPU topology.device.
+void zero_grads(const DrafterWeights& w);
+void scale_grads(const DrafterWeights& w, double den);
+void write_params(const std::string& path, const DrafterWeights& w);
+void check_cpu_device(const Config& c);
+
 // Checks the launcher's environment against the config, joins the ranks
 // (config hash compared) and trains.
 int run_train(const Config& c, const TrainOptions& o);

@@ -43,8 +43,7 @@ StepInputs inputs_of(const Run& r, const MicroBatch& mb, const char* stream, int
     const reference::TargetOutputs t = optimized::target_forward(r.c, r.target, mb.input_ids);
     in.features = t.features, in.target_hidden = t.final_hidden;
   }
-  Rng rng(derive_seed(r.c.run.seed, stream, uint64_t(index)));
-  in.anchors = sample_anchors(in.loss_mask, r.c.data.max_anchors, rng);
+  in.anchors = fixtures::step_anchors(r.c, in.loss_mask, stream, uint64_t(index));
   return in;
 }
 
@@ -113,7 +112,7 @@ bool has_eval(const Run& r) {
 // One optimizer step: D micro-batches, global normalisation, clip + AdamW.
 Sums train_step(Run& r) {
   const int64_t D = r.c.train.micro_batches;
-  for (auto& [n, p] : named(r.w)) p.mutable_grad().reset();
+  zero_grads(r.w);
   if (r.o.poison_step == r.st.step + 1) {
     at::NoGradGuard ng;
     r.w.fc.view(-1)[0] = NAN;
@@ -128,11 +127,7 @@ Sums train_step(Run& r) {
     check_gradients(r, in, g);
     s.add(out);
   }
-  if (s.den > 0) {
-    at::NoGradGuard ng;
-    for (auto& [n, p] : named(r.w))
-      if (p.grad().defined()) p.mutable_grad().div_(s.den);
-  }
+  scale_grads(r.w, s.den);
   return s;
 }
 
@@ -155,12 +150,16 @@ void progress(Run& r, const Sums& s, const AdamW::Stats& st, double step_s, doub
                      {"lr", st.lr},
                      {"tokens_per_s", r.tokens_per_step / step_s},
                      {"step_s", step_s}});
-  if (r.st.step % r.c.train.log_every != 0 && r.st.step != 1 && left != 0) return;
+  if (!line_due(r)) return;
   fmt::print(
       "step {:>5}  loss {:.8f}  tau {:.3f}  lr {:.3e}  grad_norm {:.3e}  {:.0f} tok/s  ETA {}\n",
       r.st.step, s.loss(), s.tau(), st.lr, st.grad_norm, r.tokens_per_step / mean_s,
       eta_text(mean_s * double(left)));
   std::fflush(stdout);
+}
+
+bool line_due(const Run& r) {
+  return r.st.step % r.c.train.log_every == 0 || r.st.step == 1 || r.st.step == r.c.train.steps;
 }
 
 void maybe_exit_after(int64_t step) {  // test hook: a kill between steps
@@ -243,20 +242,36 @@ void open_metrics(Run& r) {
   r.metrics.open(file, std::ios::app);
 }
 
-void checkpoint(Run& r) {
-  const std::string d = save_checkpoint(r.dir, r.c, r.w, *r.opt, r.st);
-  fmt::print("checkpoint: {}\n", d);
-}
-
-RunSummary run_loop(Run& r) {
+double begin_run(Run& r) {
   fs::create_directories(r.dir);
   safetensors::write_file_atomic((fs::path(r.dir) / "config.toml").string(), config_to_toml(r.c));
   open_metrics(r);
+  return r.st.step == 0 && has_eval(r) ? evaluate(r).tau() : 0.0;
+}
+
+bool after_step(Run& r, const AdamW& opt) {
+  const TrainConfig& tc = r.c.train;
+  const bool last = r.st.step == tc.steps,
+             saving = tc.checkpoint_every > 0 && r.st.step % tc.checkpoint_every == 0;
+  if (!last && tc.eval_every > 0 && r.st.step % tc.eval_every == 0 && has_eval(r)) evaluate(r);
+  if (saving) fmt::print("checkpoint: {}\n", save_checkpoint(r.dir, r.c, r.w, opt, r.st));
+  maybe_exit_after(r.st.step);
+  return saving;
+}
+
+std::pair<double, std::string> end_run(Run& r, const AdamW& opt, bool saved_now) {
+  const double tau = has_eval(r) ? evaluate(r).tau() : 0.0;
+  if (!saved_now) fmt::print("checkpoint: {}\n", save_checkpoint(r.dir, r.c, r.w, opt, r.st));
+  r.metrics.close();
+  return {tau, write_report(r.dir)};
+}
+
+RunSummary run_loop(Run& r) {
   RunSummary sum{r.dir, "", r.c.train.steps, 0, 0};
-  if (r.st.step == 0 && has_eval(r)) sum.first_eval_tau = evaluate(r).tau();
+  sum.first_eval_tau = begin_run(r);
   double spent = 0;
   int64_t timed = 0;
-  int64_t saved = -1;
+  bool saved = false;
   while (r.st.step < r.c.train.steps) {
     const double t0 = now();
     const Sums s = train_step(r);
@@ -265,22 +280,10 @@ RunSummary run_loop(Run& r) {
     const double dt = now() - t0;
     spent += dt, ++timed;
     progress(r, s, st, dt, spent / double(timed));
-    const bool last = r.st.step == r.c.train.steps;
-    if (!last && r.c.train.eval_every > 0 && r.st.step % r.c.train.eval_every == 0 && has_eval(r))
-      evaluate(r);
-    if (r.c.train.checkpoint_every > 0 && r.st.step % r.c.train.checkpoint_every == 0)
-      checkpoint(r), saved = r.st.step;
-    maybe_exit_after(r.st.step);
+    saved = after_step(r, *r.opt);
   }
-  if (has_eval(r)) sum.last_eval_tau = evaluate(r).tau();
-  if (saved != r.st.step) checkpoint(r);
-  if (!r.o.out_params.empty()) {
-    safetensors::NamedTensors t;
-    for (auto& [n, p] : named(r.w)) t.emplace_back(n, p.detach());
-    safetensors::write(r.o.out_params, t, {{"format", "dflash-drafter-params-v1"}});
-  }
-  r.metrics.close();
-  sum.report = write_report(r.dir);
+  write_params(r.o.out_params, r.w);
+  std::tie(sum.last_eval_tau, sum.report) = end_run(r, *r.opt, saved);
   return sum;
 }
 
@@ -344,11 +347,7 @@ int run_training(const RunOptions& o) {
   const Config c = resolve_config(o);
   configure_threads(c.run.threads);
   if (ws && std::atoll(ws) > 1) return detail::run_split(c, o);
-  if (c.topology.device != "cpu")
-    throw std::runtime_error(fmt::format(
-        "{}: topology.device = \"{}\": this build trains on CPU only (host kernels for the fused "
-        "loss and sparse attention); `dflash plan` and `dflash preflight` do read device configs",
-        o.config, c.topology.device));
+  check_cpu_device(c);
   configure_threads(c.run.threads);
   // Every input is checked before anything is written.
   std::unique_ptr<detail::Run> r = detail::prepare(c, o, true, true);

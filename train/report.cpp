@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/safetensors.h"
+#include "core/text.h"
 
 namespace dflash::train {
 namespace fs = std::filesystem;
@@ -24,23 +25,6 @@ struct Series {
   std::vector<std::pair<double, double>> points;  // (step, value)
 };
 
-std::string escape(const std::string& s) {
-  std::string o;
-  for (char ch : s) {
-    if (ch == '<')
-      o += "&lt;";
-    else if (ch == '>')
-      o += "&gt;";
-    else if (ch == '&')
-      o += "&amp;";
-    else if (ch == '"')
-      o += "&quot;";
-    else
-      o += ch;
-  }
-  return o;
-}
-
 // A 640 x 260 chart: frame, min/max labels on both axes, one polyline per series.
 std::string chart(const std::string& title, const std::vector<Series>& series) {
   double x0 = 1e300, x1 = -1e300, y0 = 1e300, y1 = -1e300;
@@ -48,7 +32,7 @@ std::string chart(const std::string& title, const std::vector<Series>& series) {
     for (auto [x, y] : s.points)
       if (std::isfinite(y))
         x0 = std::min(x0, x), x1 = std::max(x1, x), y0 = std::min(y0, y), y1 = std::max(y1, y);
-  if (x0 > x1) return fmt::format("<h3>{}</h3><p>no data</p>\n", escape(title));
+  if (x0 > x1) return fmt::format("<h3>{}</h3><p>no data</p>\n", xml_escape(title));
   if (x1 == x0) x1 = x0 + 1;
   if (y1 == y0) y1 = y0 + 1;
   const double W = 640, H = 260, L = 60, R = 150, T = 20, B = 30;
@@ -58,7 +42,7 @@ std::string chart(const std::string& title, const std::vector<Series>& series) {
   o << fmt::format(
       "<h3>{}</h3>\n<svg width=\"{}\" height=\"{}\" xmlns=\"http://www.w3.org/2000/svg\" "
       "font-family=\"sans-serif\" font-size=\"11\">\n",
-      escape(title), W, H);
+      xml_escape(title), W, H);
   o << fmt::format(
       "<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" stroke=\"#999\"/>\n", L, T,
       W - L - R, H - T - B);
@@ -78,7 +62,7 @@ std::string chart(const std::string& title, const std::vector<Series>& series) {
       o << fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3\" fill=\"{}\"/>\n",
                        px(s.points[0].first), py(s.points[0].second), s.color);
     o << fmt::format("<text x=\"{}\" y=\"{}\" fill=\"{}\">{}</text>\n", W - R + 8,
-                     T + 12 + 14 * double(i), s.color, escape(s.name));
+                     T + 12 + 14 * double(i), s.color, xml_escape(s.name));
   }
   o << "</svg>\n";
   return o.str();
@@ -138,8 +122,8 @@ std::string verdict_html(const fs::path& file) {
        "<th>seconds</th><th>key figure</th></tr>\n";
   for (const auto& c : j.value("checks", nlohmann::json::array()))
     o << fmt::format("<tr><td>{}</td><td>{}</td><td>{:.2f}</td><td>{}</td></tr>\n",
-                     escape(c.value("check", "")), escape(c.value("result", "")), num(c, "seconds"),
-                     escape(c.value("figure", "")));
+                     xml_escape(c.value("check", "")), xml_escape(c.value("result", "")),
+                     num(c, "seconds"), xml_escape(c.value("figure", "")));
   o << "</table>\n";
   return o.str();
 }
@@ -168,9 +152,10 @@ std::string write_report(const std::string& run_dir) {
   std::vector<Series> acc_series;
   for (auto& [k, s] : slots) acc_series.push_back(s);
   std::ostringstream o;
-  o << "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>dflash run " << escape(run_dir)
+  o << "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>dflash run "
+    << xml_escape(run_dir)
     << "</title></head>\n<body style=\"font-family:sans-serif;max-width:900px\">\n"
-    << "<h1>dflash training run</h1>\n<p>" << escape(fs::absolute(dir).string()) << "</p>\n";
+    << "<h1>dflash training run</h1>\n<p>" << xml_escape(fs::absolute(dir).string()) << "</p>\n";
   if (!etau.points.empty())
     o << fmt::format("<p>held-out tau: {:.3f} at step {:g} &rarr; {:.3f} at step {:g}</p>\n",
                      etau.points.front().second, etau.points.front().first,
@@ -179,7 +164,7 @@ std::string write_report(const std::string& run_dir) {
   o << "<h2>Curves</h2>\n"
     << chart("loss", {loss, eloss}) << chart("tau (expected acceptance length)", {tau, etau})
     << chart("held-out per-slot accuracy", acc_series);
-  o << "<h2>Config</h2>\n<pre>" << escape(read_text(dir / "config.toml"))
+  o << "<h2>Config</h2>\n<pre>" << xml_escape(read_text(dir / "config.toml"))
     << "</pre>\n</body></html>\n";
   const std::string out = (dir / "report.html").string();
   safetensors::write_file_atomic(out, o.str());

@@ -6,6 +6,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 
 #include "core/optim.h"
 #include "core/step.h"
@@ -72,8 +73,18 @@ Sums evaluate(Run& r);
 // Writes the step dump of micro-batch g and throws naming the first
 // non-finite tensor.
 [[noreturn]] void stop_nonfinite(const Run& r, const StepInputs& in, int64_t g);
-void checkpoint(Run& r);
+// The run directory's config.toml and metrics.jsonl, and the step-0
+// held-out evaluation (its tau; 0 when resumed or without held-out data).
+double begin_run(Run& r);
+// After optimizer step r.st.step (parameters in r.w): evaluation and a
+// checkpoint when due; returns whether it checkpointed.
+bool after_step(Run& r, const AdamW& opt);
+// Final evaluation, a checkpoint unless `saved_now`, the report:
+// {held-out tau, report path}.
+std::pair<double, std::string> end_run(Run& r, const AdamW& opt, bool saved_now);
 void maybe_exit_after(int64_t step);
+// A progress line at the first and last step and every train.log_every.
+bool line_due(const Run& r);
 bool gate(const Config& c, const RunOptions& o, const std::string& dir);
 RunSummary run_loop(Run& r);
 int run_split(const Config& c, const RunOptions& o);

@@ -49,8 +49,7 @@ void split_progress(Run& r, const StepLog& l) {
                      {"tokens_per_s", r.tokens_per_step / l.step_seconds},
                      {"wait_s", l.wait_seconds},
                      {"step_s", l.step_seconds}});
-  if (r.st.step % r.c.train.log_every != 0 && r.st.step != 1 && r.st.step != r.c.train.steps)
-    return;
+  if (!line_due(r)) return;
   fmt::print(
       "step {:>5}  loss {:.8f}  tau {:.3f}  lr {:.3e}  grad_norm {:.3e}  {:.0f} tok/s  "
       "wait {:.3f}s of {:.3f}s\n",
@@ -63,36 +62,21 @@ void split_progress(Run& r, const StepLog& l) {
 // run directory, step-0 evaluation; then metrics, evaluation, checkpoints
 // and the report.
 void report_hooks(Run* run, const RunOptions& o, int64_t D, SplitHooks& h) {
-  auto saved = std::make_shared<int64_t>(-1);
+  auto saved = std::make_shared<bool>(false);
   h.at_start = [run, o] {
     fs::create_directories(run->dir);
     record_verdict(run->c, o, run->dir);
-    safetensors::write_file_atomic((fs::path(run->dir) / "config.toml").string(),
-                                   config_to_toml(run->c));
-    open_metrics(*run);
-    if (run->st.step == 0 && has_eval(*run)) evaluate(*run);
+    begin_run(*run);
   };
   h.after_step = [run, D, saved](const StepLog& l, const DrafterWeights& w, const AdamW& opt) {
     run->st.step = l.step + 1, run->st.cursor = run->st.step * D;
-    run->w = w;  // the same tensors, for evaluation
+    run->w = w;  // the same tensors, for evaluation and checkpoints
     split_progress(*run, l);
-    const TrainConfig& tc = run->c.train;
-    const bool last = run->st.step == tc.steps;
-    if (!last && tc.eval_every > 0 && run->st.step % tc.eval_every == 0 && has_eval(*run))
-      evaluate(*run);
-    if (tc.checkpoint_every > 0 && run->st.step % tc.checkpoint_every == 0) {
-      fmt::print("checkpoint: {}\n", save_checkpoint(run->dir, run->c, w, opt, run->st));
-      *saved = run->st.step;
-    }
-    maybe_exit_after(run->st.step);
+    *saved = after_step(*run, opt);
   };
   h.at_end = [run, saved](const DrafterWeights& w, const AdamW& opt) {
     run->w = w;
-    if (has_eval(*run)) evaluate(*run);
-    if (*saved != run->st.step)
-      fmt::print("checkpoint: {}\n", save_checkpoint(run->dir, run->c, w, opt, run->st));
-    run->metrics.close();
-    fmt::print("report: {}\n", write_report(run->dir));
+    fmt::print("report: {}\n", end_run(*run, opt, *saved).second);
   };
 }
 
