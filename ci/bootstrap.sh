@@ -1,30 +1,99 @@
 #!/usr/bin/env bash
-# Installs the Debian packages dflash needs (only those missing; silent when
-# all are present), then configures and builds: Release, Ninja, ccache, lld,
-# precompiled headers. Safe to run again: every step is incremental.
+# Installs what dflash needs and builds it. Safe to run again: every step is
+# incremental and silent when there is nothing to do.
+#  1. Debian packages (only those missing): compiler, build tools, test and
+#     benchmark libraries, fmt, gloo headers, CLI11, toml++, nlohmann-json.
+#  2. torch==$(cat cmake/TORCH_VERSION) from PyPI (the CUDA 13.0 wheel) into a
+#     virtual environment outside the clone, reused by every clone:
+#     $DFLASH_TORCH_ENV, else ${XDG_CACHE_HOME:-~/.cache}/dflash/torch-<version>.
+#     libtorch is the C++ library inside that wheel.
+#  3. Configure (Release, Ninja, ccache, lld, one precompiled header) and build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-pkgs=(g++ cmake ninja-build ccache lld
-      libtorch-dev libopenblas0-pthread
-      librapidcheck-dev libgtest-dev libgmock-dev googletest libbenchmark-dev
-      libfmt-dev libgloo-dev libcli11-dev libtomlplusplus-dev nlohmann-json3-dev libspdlog-dev)
-missing=()
-for p in "${pkgs[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  sudo=""
-  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+torch_version=$(head -n1 cmake/TORCH_VERSION)
+torch_env=${DFLASH_TORCH_ENV:-${XDG_CACHE_HOME:-$HOME/.cache}/dflash/torch-$torch_version}
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+
+install_debian_packages() {
+  local pkgs=(g++ cmake ninja-build ccache lld python3 python3-venv
+              librapidcheck-dev libgtest-dev libgmock-dev googletest libbenchmark-dev
+              libfmt-dev libgloo-dev libcli11-dev libtomlplusplus-dev nlohmann-json3-dev)
+  local missing=() p
+  for p in "${pkgs[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  [ ${#missing[@]} -gt 0 ] || return 0
   echo "bootstrap: installing ${missing[*]}"
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" > /tmp/dflash-apt.log 2>&1 \
     || { tail -30 /tmp/dflash-apt.log; exit 1; }
-fi
+}
 
-# Configure once (again only if the cache is missing), then build.
-if [ ! -f build/build.ninja ]; then
-  cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release > /tmp/dflash-cmake.log 2>&1 \
+# The environment counts as installed only when the marker written after a
+# verified install is there and names this version; anything else (an
+# interrupted download, a full disk, another version) is removed and redone.
+torch_env_complete() {
+  [ -f "$torch_env/.dflash-complete" ] \
+    && [ "$(cat "$torch_env/.dflash-complete")" = "torch==$torch_version" ] \
+    && [ -x "$torch_env/bin/python" ] \
+    && [ -f "$(torch_package)/share/cmake/Torch/TorchConfig.cmake" ] \
+    && [ -f "$(torch_package)/lib/libtorch_cpu.so" ]
+}
+
+torch_package() {
+  "$torch_env/bin/python" -c \
+    "import importlib.util as u; s = u.find_spec('torch'); print(s.submodule_search_locations[0] if s else '')" \
+    2>/dev/null || true
+}
+
+install_torch() {
+  torch_env_complete && return 0
+  if [ -e "$torch_env" ]; then
+    echo "bootstrap: $torch_env is not a complete torch==$torch_version environment" \
+         "(no completion marker, or a library missing: an interrupted download, a full disk," \
+         "or another version); removing it and installing again"
+    rm -rf "$torch_env"
+  fi
+  local parent free_gb
+  parent=$(dirname "$torch_env")
+  mkdir -p "$parent"
+  free_gb=$(df -Pk "$parent" | awk 'NR==2 {print int($4 / 1048576)}')
+  if [ "$free_gb" -lt 10 ]; then
+    echo "bootstrap: torch==$torch_version needs about 10 GB free under $parent" \
+         "(2.7 GB download, 5.5 GB installed); only $free_gb GB are free." \
+         "Free space there or set DFLASH_TORCH_ENV to a larger disk." >&2
+    exit 1
+  fi
+  echo "bootstrap: installing torch==$torch_version (CUDA 13.0 wheel, ~2.7 GB) into $torch_env"
+  python3 -m venv "$torch_env"
+  if ! "$torch_env/bin/pip" install --disable-pip-version-check -q "torch==$torch_version" \
+       > /tmp/dflash-pip.log 2>&1; then
+    tail -20 /tmp/dflash-pip.log
+    echo "bootstrap: pip could not install torch==$torch_version (above); the partial" \
+         "environment at $torch_env will be redone by the next run" >&2
+    exit 1
+  fi
+  local got
+  got=$("$torch_env/bin/python" -c "import torch; print(torch.__version__)" 2>/dev/null || true)
+  case "$got" in
+    "$torch_version"|"$torch_version"+*) ;;
+    *) echo "bootstrap: $torch_env/bin/python imports torch '$got', expected $torch_version" >&2
+       exit 1 ;;
+  esac
+  echo "torch==$torch_version" > "$torch_env/.dflash-complete"
+  echo "bootstrap: torch $got ready in $torch_env"
+}
+
+install_debian_packages
+install_torch
+
+# Configure once (again when the cache is missing or points at another torch),
+# then build.
+python_flag="-DDFLASH_TORCH_PYTHON=$torch_env/bin/python"
+if [ ! -f build/build.ninja ] || ! grep -q "^DFLASH_TORCH_PYTHON:FILEPATH=$torch_env/bin/python$" build/CMakeCache.txt; then
+  cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release "$python_flag" > /tmp/dflash-cmake.log 2>&1 \
     || { cat /tmp/dflash-cmake.log; exit 1; }
 fi
 cmake --build build

@@ -28,6 +28,8 @@ case "$case_name" in
     "$dflash" train --help | grep -q -- "--skip-preflight"
     "$dflash" train --help | grep -q -- "--resume"
     "$dflash" report --help | grep -q -- "run_dir"
+    "$dflash" env --help | grep -q -- "--json"
+    "$dflash" preflight --help | grep -q -- "--plan-for-another-machine"
     for sub in step dump validate audit plan preflight train features; do
       "$dflash" "$sub" --help | grep -q -- "--config" || { echo "$sub --help lacks --config"; exit 1; }
     done
@@ -95,6 +97,36 @@ case "$case_name" in
     sed 's/^gamma = 4.0/gama = 4.0/' "$tiny" > "$tmp/typo.toml"
     expect_fail "config" preflight --config "$tmp/typo.toml"
     grep -q "loss.gama" "$tmp/f.txt"
+    ;;
+  env)
+    # dflash starts and reports on a machine without the NVIDIA driver, and
+    # nothing hard-links the driver (libcuda.so.1): it is loaded lazily.
+    if readelf -d "$dflash" | grep -q 'libcuda\.so'; then
+      readelf -d "$dflash" | grep NEEDED; echo "dflash hard-links libcuda"; exit 1
+    fi
+    "$dflash" env --json "$tmp/env.json" | tee "$tmp/env.txt"
+    grep -q "libtorch  *$(cat cmake/TORCH_VERSION) (CUDA build)" "$tmp/env.txt"
+    if [ ! -e /dev/nvidiactl ]; then grep -q "CUDA devices  *none" "$tmp/env.txt"; fi
+    grep -q '"devices"' "$tmp/env.json"
+    "$dflash" env --json - --no-kernel | grep -q '"cores"'
+    # The seed's 8-GPU config: fails the environment check here (no CUDA) with
+    # the way out; passes it against eight H200s; fails on 80 GB A100s and
+    # on more local ranks than devices; --plan-for-another-machine skips it.
+    seed=fixtures/configs/seed-8gpu.toml
+    pf() { "$dflash" preflight --config "$seed" --cases 3 "$@" > "$tmp/pf.txt" 2>&1; }
+    if [ ! -e /dev/nvidiactl ]; then
+      if pf; then echo "preflight passed a cuda config without CUDA"; exit 1; fi
+      grep -E "^environment +FAIL" "$tmp/pf.txt"
+      grep -q -- "--plan-for-another-machine" "$tmp/pf.txt"
+    fi
+    pf --env fixtures/envs/h200x8.json || { cat "$tmp/pf.txt"; exit 1; }
+    grep -E "^environment +pass" "$tmp/pf.txt"
+    if pf --env fixtures/envs/a100-80gb-x8.json; then echo "95 GB fit in 80 GB"; exit 1; fi
+    grep -q "device_memory_gb\[0\] = 95" "$tmp/pf.txt"
+    if LOCAL_WORLD_SIZE=9 pf --env fixtures/envs/h200x8.json; then echo "9 ranks on 8 devices"; exit 1; fi
+    grep -q "LOCAL_WORLD_SIZE" "$tmp/pf.txt"
+    pf --plan-for-another-machine || { cat "$tmp/pf.txt"; exit 1; }
+    grep -E "^environment +skip +.*SKIPPED" "$tmp/pf.txt"
     ;;
   plan)
     "$dflash" plan --config fixtures/configs/seed-8gpu.toml --json "$tmp/plan.json" > "$tmp/out.txt"

@@ -8,6 +8,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/config.h"
+#include "core/env.h"
+#include "core/safetensors.h"
 #include "core/step.h"
 #include "fixtures/fixtures.h"
 #include "harness/bench.h"
@@ -145,6 +147,18 @@ int cmd_bench(const BenchArgs& a) {
   }
   configure_threads(a.threads);
   return harness::run_bench({a.cases, a.quick, a.repeats, a.json});
+}
+
+int cmd_env(const EnvArgs& a) {
+  const Environment e = probe_environment(!a.no_kernel);
+  const std::string json = environment_to_json(e).dump(2) + "\n";
+  if (a.json == "-") {
+    std::fputs(json.c_str(), stdout);
+    return 0;
+  }
+  std::fputs(format_environment(e).c_str(), stdout);
+  if (!a.json.empty()) safetensors::write_file_atomic(a.json, json);
+  return 0;
 }
 
 }  // namespace dflash::cli

@@ -48,4 +48,10 @@ struct LaunchArgs {
 };
 int cmd_launch(const LaunchArgs& a);
 
+struct EnvArgs {
+  std::string json;        // --json F ("-" = stdout)
+  bool no_kernel = false;  // --no-kernel: skip the per-device probe kernel
+};
+int cmd_env(const EnvArgs& a);
+
 }  // namespace dflash::cli

@@ -167,6 +167,13 @@ void add_plan_and_preflight(CLI::App& app, Subcommands& subs) {
   pf->add_option("--cases", pre->cases, "Cases per parity property (default 100)");
   pf->add_option("--seed", pre->seed, "Property seed (default 1)");
   pf->add_option("--mutant", pre->mutant, "Test hook: replace a component by a bug-zoo mutant");
+  auto* env_file = pf->add_option("--env", pre->env_file,
+                                  "Check the topology against this machine description "
+                                  "(`dflash env --json` on that machine) instead of this one")
+                       ->check(CLI::ExistingFile);
+  pf->add_flag("--plan-for-another-machine", pre->plan_for_another_machine,
+               "Skip only the environment check (the verdict says so)")
+      ->excludes(env_file);
   subs.add(pf, [pre] {
     configure_threads(0);
     return harness::run_preflight(*pre);
@@ -226,6 +233,16 @@ void add_train_and_launch(CLI::App& app, Subcommands& subs, LaunchArgs& launch) 
   });
 }
 
+void add_env(CLI::App& app, Subcommands& subs) {
+  auto a = std::make_shared<EnvArgs>();
+  auto* e = app.add_subcommand("env",
+                               "What this machine offers a run: libtorch build, CUDA runtime, "
+                               "driver and devices, cores and memory");
+  e->add_option("--json", a->json, "Also write the description as JSON (- for stdout)");
+  e->add_flag("--no-kernel", a->no_kernel, "Do not run dflash's probe kernel on each device");
+  subs.add(e, [a] { return cmd_env(*a); });
+}
+
 // `launch` hands everything after `--` to the ranks untouched: split argv
 // there and let CLI11 see only the launcher's own options.
 std::vector<char*> own_arguments(int argc, char** argv, LaunchArgs& launch) {
@@ -256,6 +273,7 @@ int main(int argc, char** argv) {
   add_harness(app, subs);
   add_plan_and_preflight(app, subs);
   add_train_and_launch(app, subs, launch);
+  add_env(app, subs);
   std::vector<char*> own = own_arguments(argc, argv, launch);
   try {
     app.parse(int(own.size()), own.data());

@@ -143,9 +143,39 @@ class StepCase : public BenchCase {
                        s.hidden_size, cfg_.target.vocab_size, cfg_.drafter.num_hidden_layers,
                        s.num_attention_heads, s.num_key_value_heads, s.head_dim);
   }
-  double flops(bool) const override {
-    const double Q = double(in_.anchors.num_anchors() * cfg_.data.block_size);
-    return 3 * 2.0 * Q * double(cfg_.target.shape.hidden_size) * double(cfg_.target.vocab_size);
+  // Every GEMM FLOP of the step: the fc projection of the features
+  // (forward + weight gradient), each drafter layer's projections and MLP
+  // (forward, backward x2, and with checkpointing the recomputed forward),
+  // its attention (dense in the reference; in the optimized build only the
+  // visible keys, 2 forward + 5 backward GEMMs, + 2 recomputed), and the loss
+  // (teacher logits, student logits, dD: 3 GEMMs over Q x H x V).
+  double flops(bool optimized) const override {
+    const auto& s = cfg_.drafter.shape;
+    const double B = double(cfg_.data.batch_size), S = double(cfg_.data.seq_len);
+    const double bs = double(cfg_.data.block_size);
+    const double Q = double(in_.anchors.num_anchors()) * bs;
+    const double H = double(s.hidden_size), V = double(cfg_.target.vocab_size);
+    const double qd = double(s.num_attention_heads * s.head_dim);
+    const double kvd = double(s.num_key_value_heads * s.head_dim);
+    const double I = double(s.intermediate_size), nh = double(s.num_attention_heads);
+    const double hd = double(s.head_dim), LH = double(cfg_.num_taps()) * H;
+    const double context = 2 * 2.0 * B * S * LH * H;
+    const double linear =
+        2.0 * (B * Q * H * qd + 2 * B * (S + Q) * H * kvd + B * Q * qd * H + 3 * B * Q * H * I);
+    const bool recompute = optimized && cfg_.optimized.checkpoint_layers;
+    double attention;
+    if (optimized) {
+      const at::Tensor kept = in_.anchors.keep.to(at::kDouble);
+      const double visible =  // sum over kept blocks of (anchor_n + bs) keys
+          ((in_.anchors.anchors.to(at::kDouble) + bs) * kept).sum().item<double>();
+      attention = (recompute ? 9 : 7) * 2.0 * nh * bs * visible * hd;
+    } else {
+      attention = 6 * 2.0 * B * nh * Q * (S + Q) * hd;  // 2 forward + 4 backward GEMMs
+    }
+    const double layers =
+        double(cfg_.drafter.num_hidden_layers) * ((recompute ? 4 : 3) * linear + attention);
+    const double loss = 3 * 2.0 * B * Q * H * V;
+    return context + layers + loss;
   }
   void run(bool optimized) override {
     run_step(optimized ? optimized::drafter_step : reference::drafter_step, cfg_, drafter_,

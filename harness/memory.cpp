@@ -73,13 +73,13 @@ Formula layer_activation_bytes(int64_t B, int64_t Q, int64_t S, const LayerShape
   const double bytes =
       double(e) *
       (6.5 * BQ * double(s.hidden_size) + 6.0 * BQ * double(s.num_attention_heads * s.head_dim) +
-       4.0 * BQ * double(s.intermediate_size) + 0.5 * BK * double(s.hidden_size) +
+       2.2 * BQ * double(s.intermediate_size) + 0.5 * BK * double(s.hidden_size) +
        5.0 * BK * double(s.num_key_value_heads * s.head_dim));
-  return {bytes, "e(6.5BQH + 6BQ nh hd + 4BQI + 0.5B(S+Q)H + 5B(S+Q) nkv hd)"};
+  return {bytes, "e(6.5BQH + 6BQ nh hd + 2.2BQI + 0.5B(S+Q)H + 5B(S+Q) nkv hd)"};
 }
 
 Formula mlp_share_bytes(int64_t B, int64_t Q, int64_t H, int64_t I, int64_t e) {
-  return {double(e) * double(4 * B * Q * I + 2 * B * Q * H), "e(4BQI + 2BQH)"};
+  return {double(e) * (2.2 * double(B * Q * I) + 2.0 * double(B * Q * H)), "e(2.2BQI + 2BQH)"};
 }
 
 Formula checkpointed_saved_bytes(int64_t layers, int64_t B, int64_t Q, int64_t S, int64_t H,
@@ -89,7 +89,7 @@ Formula checkpointed_saved_bytes(int64_t layers, int64_t B, int64_t Q, int64_t S
 }
 
 Formula context_bytes(int64_t B, int64_t S, int64_t H, int64_t e) {
-  return {double(4 * B * S * H * e), "4 BSHe"};
+  return {double(3 * B * S * H * e), "3 BSHe"};
 }
 
 int64_t layer_param_count(const LayerShape& s) {

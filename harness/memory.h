@@ -48,10 +48,11 @@ Formula dense_attention_saved_bytes(int64_t B, int64_t nh, int64_t nkv, int64_t 
                                     int64_t hd, int64_t e);
 
 // Activations one drafter layer keeps for backward without checkpointing:
-//   e(6.5 BQH + 6 BQ nh hd + 4 BQI + 0.5 B(S+Q)H + 5 B(S+Q) nkv hd)
+//   e(6.5 BQH + 6 BQ nh hd + 2.2 BQI + 0.5 B(S+Q)H + 5 B(S+Q) nkv hd)
+// (coefficients fitted against libtorch 2.11's autograd; harness.Sweep/Calibration)
 Formula layer_activation_bytes(int64_t B, int64_t Q, int64_t S, const LayerShape& s, int64_t e);
 // The MLP and post-attention norm's share of a layer's activations,
-// e(4 BQI + 2 BQH): freed by the layer's backward before its attention
+// e(2.2 BQI + 2 BQH): freed by the layer's backward before its attention
 // backward runs, so never alive together with the attention working set.
 Formula mlp_share_bytes(int64_t B, int64_t Q, int64_t H, int64_t I, int64_t e);
 // What a checkpointed drafter forward keeps: every layer's input and the
@@ -59,7 +60,7 @@ Formula mlp_share_bytes(int64_t B, int64_t Q, int64_t H, int64_t I, int64_t e);
 // the keys' RoPE tables (2 B (S+Q) hd e). The context is counted apart.
 Formula checkpointed_saved_bytes(int64_t layers, int64_t B, int64_t Q, int64_t S, int64_t H,
                                  int64_t hd, int64_t e);
-// The context projection and its RMSNorm, saved for backward: 4 BSHe.
+// The context projection and its RMSNorm, saved for backward: 3 BSHe.
 Formula context_bytes(int64_t B, int64_t S, int64_t H, int64_t e);
 
 // Parameter counts (elements).

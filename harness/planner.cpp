@@ -78,7 +78,7 @@ std::vector<PlanItem> drafter_items(const Config& c, const PlanVariant& v, int64
     it.push_back({"layer inputs (checkpointed)", ck.bytes, K::kSaved, ck.text});
     it.push_back({"recompute of one layer + its attention backward", layer.bytes + attention_bwd,
                   K::kBackwardTransient,
-                  layer.text + " + max(0, attention working set - e(4BQI + 2BQH))"});
+                  layer.text + " + max(0, attention working set - e(2.2BQI + 2BQH))"});
   } else {
     it.push_back({fmt::format("activations of {} layers (not checkpointed)", Nd),
                   double(Nd) * layer.bytes, K::kLayerSaved, "layers x (" + layer.text + ")"});
@@ -92,7 +92,7 @@ std::vector<PlanItem> drafter_items(const Config& c, const PlanVariant& v, int64
         {v.dense_attention ? "attention backward (dense, one layer)"
                            : "attention backward (sparse, one layer)",
          attention_bwd, K::kBackwardTransient,
-         "max(0, " + (v.dense_attention ? dense.text : sparse.text) + " - e(4BQI + 2BQH))"});
+         "max(0, " + (v.dense_attention ? dense.text : sparse.text) + " - e(2.2BQI + 2BQH))"});
   }
   const int64_t C = c.loss.chunk_size > 0 ? std::min(c.loss.chunk_size, B * Q) : B * Q;
   const bool kl = c.loss.kl_weight != 0;

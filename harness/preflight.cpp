@@ -8,9 +8,11 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "core/env.h"
 #include "core/safetensors.h"
 #include "fixtures/fixtures.h"
 #include "harness/audit.h"
+#include "harness/env_check.h"
 #include "harness/parity.h"
 #include "harness/planner.h"
 #include "harness/properties.h"
@@ -165,6 +167,18 @@ void plan_check(Row& r, const Subject& s) {
   if (!p.fits()) r.result = "FAIL", r.detail = p.format(true);
 }
 
+void environment_check(Row& r, const Subject& s, const PreflightOptions& o) {
+  if (o.plan_for_another_machine) {
+    r.result = "skip";
+    r.figure = "SKIPPED (--plan-for-another-machine): this machine was not checked";
+    return;
+  }
+  const Environment env = o.env_file.empty() ? probe_environment() : load_environment(o.env_file);
+  const EnvVerdict v = check_environment(s.config, env, local_world_size_from_process());
+  r.figure = v.ok ? v.figure : "FAILED: " + v.figure;
+  if (!v.ok) r.result = "FAIL", r.detail = v.detail;
+}
+
 // The twin under fresh seeds: new batches, anchors and weights each case.
 void twin_parity_check(Row& r, const Subject& s, const PreflightOptions& o) {
   const PropertyOutcome out =
@@ -242,11 +256,12 @@ int run_preflight(const PreflightOptions& o) {
                            o.mutant.empty() ? "" : ", mutant " + o.mutant + " (test hook)");
   });
   if (!ready) {
-    for (const char* n :
-         {"memory plan", "twin parity", "twin audit", "memory ceilings", "real step"})
+    for (const char* n : {"environment", "memory plan", "twin parity", "twin audit",
+                          "memory ceilings", "real step"})
       pf.not_run(n);
     return pf.finish();
   }
+  pf.check("environment", [&](Row& r) { environment_check(r, s, o); });
   pf.check("memory plan", [&](Row& r) { plan_check(r, s); });
   pf.check("twin parity", [&](Row& r) { twin_parity_check(r, s, o); });
   pf.check("twin audit", [&](Row& r) { twin_audit_check(r, s); });

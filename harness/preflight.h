@@ -1,5 +1,7 @@
 // `dflash preflight --config C`: the verdict before a run.
-//   (a) validate the config;
+//   (a) validate the config, and check that the machine offers what its
+//       [topology] asks for (device kind, a device per local rank, memory;
+//       harness/env_check.h) -- this machine, or another one's description;
 //   (b) plan memory at full scale, failing on a predicted OOM (breakdown);
 //   (c) build a scaled-down twin with the config's structure and run the
 //       parity property on it (fresh seeds, batches and anchors per case),
@@ -24,6 +26,11 @@ struct PreflightOptions {
   uint64_t seed = 1;
   // Test hook: replace the optimized step's components with a bug-zoo mutant.
   std::string mutant;
+  // The machine to check the topology against: "" = this one (probed), else
+  // a description written by `dflash env --json` on that machine.
+  std::string env_file;
+  // Skip the environment check (planning for a machine that is not here).
+  bool plan_for_another_machine = false;
 };
 
 int run_preflight(const PreflightOptions& o);
