@@ -60,10 +60,14 @@ case "$case_name" in
     grep -q "waiting for target data" "$tmp/dist.txt"
     ;;
   parity)
-    # The suite passes on the real code and prints the kill table ...
-    "$dflash" parity --cases 100 --json "$tmp/p.json" --junit "$tmp/p.xml" > "$tmp/out.txt"
+    # The suite passes on the real code, prints the kill table and no failure
+    # text (RapidCheck's own reporting is silenced; the zoo fails on purpose) ...
+    "$dflash" parity --cases 100 --json "$tmp/p.json" --junit "$tmp/p.xml" > "$tmp/out.txt" 2>&1
     grep -q "kill table" "$tmp/out.txt"
     grep -q 'failures="0"' "$tmp/p.xml"
+    if grep -E "RC_PARAMS|RapidCheck|Falsifiable|FAILED" "$tmp/out.txt"; then
+      echo "a passing parity run printed failure text"; exit 1
+    fi
     # ... fails on a mutant, writing the shrunk counterexample ...
     if "$dflash" parity --cases 100 --mutant shifted_labels --out-dir "$tmp" > "$tmp/m.txt"; then
       echo "the shifted-labels mutant passed parity"; exit 1
@@ -75,6 +79,62 @@ case "$case_name" in
       echo "the replay against the mutant passed"; exit 1
     fi
     "$dflash" parity --reproduce "$cx" | tail -1 | grep -q "parity: ok"
+    ;;
+  parity_failures)
+    # Every property's failure is a report, never a crash: forced through the
+    # real kernels (test hook DFLASH_TEST_FORCE_FAILURE: every comparison
+    # fails) and through a mutant of each component, each run exits 1 with
+    # the FAIL row, the comparison table (error ratio, worst index), a
+    # counterexample file under --out-dir that replays the same failure, and
+    # the failure in --json and --junit.
+    check_failed_property() {  # <property> <output> <out dir> <replay env> <replay args...>
+      local prop=$1 out=$2 dir=$3 env=$4; shift 4
+      grep -E "^$prop +FAIL +[0-9.]+ +FAILED after" "$out" || { cat "$out"; echo "no FAIL row for $prop"; exit 1; }
+      local section
+      section=$(sed -n "/^--- $prop ---\$/,/^replay: /p" "$out")
+      echo "$section" | grep -q "error ratio" || { echo "$section"; echo "$prop: no comparison table"; exit 1; }
+      echo "$section" | grep -q "^replay: dflash parity --reproduce $dir/counterexample-$prop.toml" \
+        || { echo "$section"; echo "$prop: no replay command"; exit 1; }
+      local cx="$dir/counterexample-$prop.toml" first
+      test -s "$cx" || { echo "$prop: $cx missing"; exit 1; }
+      first=$(echo "$section" | awk '$2 == "FAIL" {print $1; exit}')
+      if env $env "$dflash" parity --reproduce "$cx" "$@" > "$tmp/replay.txt"; then
+        cat "$tmp/replay.txt"; echo "$prop: the replay passed"; exit 1
+      fi
+      grep -qE "^$first +FAIL" "$tmp/replay.txt" || { cat "$tmp/replay.txt"; echo "$prop: replay fails differently"; exit 1; }
+      "$dflash" parity --reproduce "$cx" | tail -1 | grep -q "parity: ok"  # the real code passes it
+    }
+    if DFLASH_TEST_FORCE_FAILURE=1 "$dflash" parity --cases 5 --no-zoo --out-dir "$tmp/forced" \
+         --json "$tmp/f.json" --junit "$tmp/f.xml" > "$tmp/forced.txt" 2>&1; then
+      echo "a forced failure exited 0"; exit 1
+    fi
+    for prop in parity.step parity.loss parity.attention parity.checkpoint; do
+      check_failed_property "$prop" "$tmp/forced.txt" "$tmp/forced" DFLASH_TEST_FORCE_FAILURE=1
+      grep -q "<testcase name=\"$prop\" time=\"[0-9.]*\"><failure" "$tmp/f.xml"
+    done
+    grep -q 'failures="4"' "$tmp/f.xml"
+    test "$(grep -c '"passed": false' "$tmp/f.json")" -eq 4
+    for pm in parity.step:shifted_labels parity.loss:dropped_ragged_chunk \
+              parity.attention:anchor_visible parity.checkpoint:detached_checkpoint_input; do
+      prop=${pm%%:*}; m=${pm##*:}
+      if "$dflash" parity --cases 30 --mutant "$m" --out-dir "$tmp/$m" > "$tmp/$m.txt" 2>&1; then
+        echo "mutant $m passed parity"; exit 1
+      fi
+      check_failed_property "$prop" "$tmp/$m.txt" "$tmp/$m" "" --mutant "$m"
+    done
+    # Preflight: the twin's failing case is written and replays.
+    if "$dflash" preflight --config "$tiny" --cases 30 --mutant anchor_visible \
+         --out-dir "$tmp/pf" > "$tmp/pf.txt" 2>&1; then
+      echo "preflight passed a mutant"; exit 1
+    fi
+    grep -q "^replay: dflash parity --reproduce $tmp/pf/counterexample-twin-parity.toml --mutant anchor_visible" "$tmp/pf.txt"
+    if "$dflash" parity --reproduce "$tmp/pf/counterexample-twin-parity.toml" --mutant anchor_visible > /dev/null; then
+      echo "the preflight counterexample does not replay"; exit 1
+    fi
+    # A malformed counterexample is an error naming the file and key.
+    sed 's/^seed = .*/seed = "x"/' "$tmp/forced/counterexample-parity.loss.toml" > "$tmp/bad.toml"
+    if "$dflash" parity --reproduce "$tmp/bad.toml" 2> "$tmp/err.txt"; then echo "bad case accepted"; exit 1; fi
+    grep -q "bad.toml: case.seed" "$tmp/err.txt"
     ;;
   preflight)
     # Passes on tiny.toml, with a JSON report ...

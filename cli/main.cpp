@@ -1,7 +1,6 @@
 // dflash: one binary, CLI11 subcommands. Each subcommand registers its
 // options and the action that runs it; main() dispatches.
 #include <c10/util/Exception.h>
-#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
@@ -26,17 +25,6 @@ namespace {
 
 using namespace dflash;
 using namespace dflash::cli;
-
-// libtorch's OpenMP threads spin after each parallel region by default and
-// then fight OpenBLAS's own threads for the cores (measured: the optimized
-// attention 2x slower on 2 cores). libgomp reads OMP_WAIT_POLICY only when
-// it loads, so unless the user chose a policy, run again with PASSIVE.
-void prefer_passive_openmp(char** argv) {
-  if (std::getenv("OMP_WAIT_POLICY") || std::getenv("DFLASH_NO_REEXEC")) return;
-  setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
-  setenv("DFLASH_NO_REEXEC", "1", 1);
-  execv("/proc/self/exe", argv);  // returns only on failure: carry on as we are
-}
 
 // The subcommands: each add_* registers options bound to state it owns and
 // returns the action to run when that subcommand was chosen.
@@ -167,6 +155,8 @@ void add_plan_and_preflight(CLI::App& app, Subcommands& subs) {
   pf->add_option("--cases", pre->cases, "Cases per parity property (default 100)");
   pf->add_option("--seed", pre->seed, "Property seed (default 1)");
   pf->add_option("--mutant", pre->mutant, "Test hook: replace a component by a bug-zoo mutant");
+  pf->add_option("--out-dir", pre->out_dir,
+                 "Where a failing twin-parity case is written (default: .)");
   auto* env_file = pf->add_option("--env", pre->env_file,
                                   "Check the topology against this machine description "
                                   "(`dflash env --json` on that machine) instead of this one")
@@ -260,7 +250,6 @@ std::vector<char*> own_arguments(int argc, char** argv, LaunchArgs& launch) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  prefer_passive_openmp(argv);
   CLI::App app{
       "dflash: DFlash drafter training, in a reference and an optimized build, "
       "with the harness that proves them equal"};

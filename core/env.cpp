@@ -13,6 +13,8 @@
 #include <stdexcept>
 #include <thread>
 
+#include "core/safetensors.h"
+
 namespace dflash {
 namespace {
 
@@ -183,14 +185,10 @@ Environment environment_from_json(const nlohmann::json& j, const std::string& la
 }
 
 Environment load_environment(const std::string& path) {
-  std::ifstream f(path);
-  if (!f)
-    throw std::runtime_error(fmt::format("{}: cannot open the environment description", path));
-  std::stringstream ss;
-  ss << f.rdbuf();
+  const std::string text = safetensors::read_file(path, "the environment description");
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(ss.str());
+    j = nlohmann::json::parse(text);
   } catch (const std::exception& ex) {
     throw std::runtime_error(fmt::format("{}: not valid JSON: {}", path, ex.what()));
   }

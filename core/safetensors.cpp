@@ -178,6 +178,14 @@ File parse(const std::string& bytes, const std::string& label) {
   return f;
 }
 
+std::string read_file(const std::string& path, const std::string& what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error(fmt::format("{}: cannot open {}", path, what));
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
 File read(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) fail(path, "cannot open file");

@@ -3,6 +3,9 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
 #include <rapidcheck.h>
+#include <toml++/toml.h>
+
+#include <sstream>
 
 #include "harness/parity.h"
 #include "harness/properties.h"
@@ -65,6 +68,93 @@ rc::Gen<LossCase> gen_loss_case() {
     c.upstream = *rc::gen::element(0.37, -1.9, 3.0);
     return c;
   });
+}
+
+// A (B, S) bool or int64 tensor as a TOML array of rows.
+std::string rows_toml(const at::Tensor& t) {
+  const at::Tensor x = t.to(at::kLong).contiguous();
+  std::string s = "[";
+  for (int64_t b = 0; b < x.size(0); ++b) {
+    s += b ? ", [" : "[";
+    for (int64_t j = 0; j < x.size(1); ++j)
+      s += fmt::format("{}{}", j ? ", " : "", x[b][j].item<int64_t>());
+    s += "]";
+  }
+  return s + "]";
+}
+
+// What the replay needs: reads `key` of the [case] table, naming the file
+// and key when it is missing or of the wrong type.
+struct CaseReader {
+  const toml::table& t;
+  std::string label;
+  template <typename T>
+  T get(const char* key) const {
+    const auto v = t[key].value<T>();
+    if (!v)
+      throw std::runtime_error(fmt::format("{}: case.{} is missing or not a {}", label, key,
+                                           std::is_same_v<T, std::string> ? "string" : "number"));
+    return *v;
+  }
+  // A (rows, cols) table of integers as a tensor of `dt`.
+  at::Tensor rows(const char* key, int64_t rows, int64_t cols, at::ScalarType dt) const {
+    const toml::array* a = t[key].as_array();
+    at::Tensor out = at::zeros({rows, cols}, at::kLong);
+    if (!a || int64_t(a->size()) != rows)
+      throw std::runtime_error(fmt::format("{}: case.{} must be {} rows", label, key, rows));
+    for (int64_t b = 0; b < rows; ++b) {
+      const toml::array* r = (*a)[size_t(b)].as_array();
+      if (!r || int64_t(r->size()) != cols)
+        throw std::runtime_error(
+            fmt::format("{}: case.{}[{}] must hold {} integers", label, key, b, cols));
+      for (int64_t j = 0; j < cols; ++j) {
+        const auto v = (*r)[size_t(j)].value<int64_t>();
+        if (!v)
+          throw std::runtime_error(
+              fmt::format("{}: case.{}[{}][{}] is not an integer", label, key, b, j));
+        out[b][j] = *v;
+      }
+    }
+    return out.to(dt);
+  }
+  DType dtype() const {
+    const std::string d = get<std::string>("dtype");
+    for (DType x : {DType::kFloat64, DType::kFloat32, DType::kBFloat16})
+      if (d == dtype_name(x)) return x;
+    throw std::runtime_error(fmt::format("{}: case.dtype \"{}\" is not a dtype", label, d));
+  }
+};
+
+std::string loss_case_toml(const LossCase& c) {
+  return fmt::format(
+      "# one case of the parity.loss property; replay: dflash parity --reproduce FILE\n"
+      "[case]\ncomponent = \"loss\"\nB = {}\nS = {}\nH = {}\nV = {}\nblock_size = {}\n"
+      "max_anchors = {}\nchunk_size = {}\nce_weight = {}\nkl_weight = {}\ntemperature = {}\n"
+      "gamma = {}\ndtype = \"{}\"\nseed = {}\nupstream = {}\nloss_mask = {}\n",
+      c.B, c.S, c.H, c.V, c.cfg.data.block_size, c.cfg.data.max_anchors, c.cfg.loss.chunk_size,
+      c.cfg.loss.ce_weight, c.cfg.loss.kl_weight, c.cfg.loss.temperature, c.cfg.loss.gamma,
+      dtype_name(c.cfg.run.dtype), c.seed, c.upstream, rows_toml(c.mask));
+}
+
+LossCase loss_case_from(const CaseReader& r) {
+  LossCase c;
+  c.B = r.get<int64_t>("B");
+  c.S = r.get<int64_t>("S");
+  c.H = r.get<int64_t>("H");
+  c.V = r.get<int64_t>("V");
+  c.cfg.data.block_size = r.get<int64_t>("block_size");
+  c.cfg.data.max_anchors = r.get<int64_t>("max_anchors");
+  c.cfg.loss.chunk_size = r.get<int64_t>("chunk_size");
+  c.cfg.loss.ce_weight = r.get<double>("ce_weight");
+  c.cfg.loss.kl_weight = r.get<double>("kl_weight");
+  c.cfg.loss.temperature = r.get<double>("temperature");
+  c.cfg.loss.gamma = r.get<double>("gamma");
+  c.cfg.run.dtype = r.dtype();
+  c.seed = uint64_t(r.get<int64_t>("seed"));
+  c.upstream = r.get<double>("upstream");
+  c.mask = r.rows("loss_mask", c.B, c.S, at::kBool);
+  c.ids = at::randint(c.V, {c.B, c.S}, at::make_generator<at::CPUGeneratorImpl>(c.seed), at::kLong);
+  return c;
 }
 
 struct LossRun {
@@ -167,6 +257,34 @@ rc::Gen<AttnCase> gen_attention_case() {
   });
 }
 
+std::string attention_case_toml(const AttnCase& c) {
+  return fmt::format(
+      "# one case of the parity.attention property; replay: dflash parity --reproduce FILE\n"
+      "[case]\ncomponent = \"attention\"\nB = {}\nS = {}\nN = {}\nblock_size = {}\nnkv = {}\n"
+      "group = {}\nhead_dim = {}\ntile = {}\ndtype = \"{}\"\nseed = {}\nanchors = {}\n"
+      "keep = {}\n",
+      c.B, c.S, c.N, c.bs, c.nkv, c.G, c.hd, c.tile, dtype_name(c.dtype), c.seed,
+      c.N ? rows_toml(c.a.anchors) : std::string("[]"),
+      c.N ? rows_toml(c.a.keep) : std::string("[]"));
+}
+
+AttnCase attention_case_from(const CaseReader& r) {
+  AttnCase c;
+  c.B = r.get<int64_t>("B");
+  c.S = r.get<int64_t>("S");
+  c.N = r.get<int64_t>("N");
+  c.bs = r.get<int64_t>("block_size");
+  c.nkv = r.get<int64_t>("nkv");
+  c.G = r.get<int64_t>("group");
+  c.hd = r.get<int64_t>("head_dim");
+  c.tile = r.get<int64_t>("tile");
+  c.dtype = r.dtype();
+  c.seed = uint64_t(r.get<int64_t>("seed"));
+  c.a.anchors = c.N ? r.rows("anchors", c.B, c.N, at::kLong) : at::zeros({c.B, 0}, at::kLong);
+  c.a.keep = c.N ? r.rows("keep", c.B, c.N, at::kBool) : at::zeros({c.B, 0}, at::kBool);
+  return c;
+}
+
 std::string check_attention_case(const AttentionFn& candidate, const AttnCase& c,
                                  std::string* size) {
   const int64_t Q = c.N * c.bs, nh = c.nkv * c.G;
@@ -197,10 +315,40 @@ std::string check_attention_case(const AttentionFn& candidate, const AttnCase& c
   return rep.ok() ? "" : rep.format(*size);
 }
 
-std::string check_checkpoint_case(const CheckpointImpl& candidate, std::string* size) {
-  const int64_t rows = *rc::gen::inRange<int64_t>(1, 7), width = *rc::gen::inRange<int64_t>(1, 9);
-  const bool noise = *rc::gen::arbitrary<bool>();
-  const uint64_t seed = *rc::gen::inRange<uint64_t>(0, 1u << 30);
+struct CkptCase {
+  int64_t rows, width;
+  bool noise;  // dropout inside the region: the RNG must be replayed in recompute
+  uint64_t seed;
+};
+
+rc::Gen<CkptCase> gen_checkpoint_case() {
+  return rc::gen::exec([] {
+    CkptCase c;
+    c.rows = *rc::gen::inRange<int64_t>(1, 7);
+    c.width = *rc::gen::inRange<int64_t>(1, 9);
+    c.noise = *rc::gen::arbitrary<bool>();
+    c.seed = *rc::gen::inRange<uint64_t>(0, 1u << 30);
+    return c;
+  });
+}
+
+std::string checkpoint_case_toml(const CkptCase& c) {
+  return fmt::format(
+      "# one case of the parity.checkpoint property; replay: dflash parity --reproduce FILE\n"
+      "[case]\ncomponent = \"checkpoint\"\nrows = {}\nwidth = {}\ndropout = {}\nseed = {}\n",
+      c.rows, c.width, c.noise ? 1 : 0, c.seed);
+}
+
+CkptCase checkpoint_case_from(const CaseReader& r) {
+  return {r.get<int64_t>("rows"), r.get<int64_t>("width"), r.get<int64_t>("dropout") != 0,
+          uint64_t(r.get<int64_t>("seed"))};
+}
+
+std::string check_checkpoint_case(const CheckpointImpl& candidate, const CkptCase& c,
+                                  std::string* size) {
+  const int64_t rows = c.rows, width = c.width;
+  const bool noise = c.noise;
+  const uint64_t seed = c.seed;
   *size = fmt::format("rows={} width={}{}", rows, width, noise ? " with dropout" : "");
   const at::Tensor w1 = randn({width, width}, seed).requires_grad_(),
                    w2 = randn({width, 3}, seed + 1).requires_grad_();
@@ -246,22 +394,59 @@ std::string check_checkpoint_case(const CheckpointImpl& candidate, std::string* 
 
 PropertyOutcome check_loss_parity(const LossFn& candidate, const PropertyRun& run,
                                   const std::string& name) {
-  return run_property_public(name, run, [&](std::string* size) {
-    return check_loss_case(candidate, *gen_loss_case(), size);
+  return run_property_public(name, run, [&](std::string* size, std::string* replay) {
+    const LossCase c = *gen_loss_case();
+    *replay = loss_case_toml(c);
+    return check_loss_case(candidate, c, size);
   });
 }
 
 PropertyOutcome check_attention_parity(const AttentionFn& candidate, const PropertyRun& run,
                                        const std::string& name) {
-  return run_property_public(name, run, [&](std::string* size) {
-    return check_attention_case(candidate, *gen_attention_case(), size);
+  return run_property_public(name, run, [&](std::string* size, std::string* replay) {
+    const AttnCase c = *gen_attention_case();
+    *replay = attention_case_toml(c);
+    return check_attention_case(candidate, c, size);
   });
 }
 
 PropertyOutcome check_checkpoint_parity(const CheckpointImpl& candidate, const PropertyRun& run,
                                         const std::string& name) {
-  return run_property_public(
-      name, run, [&](std::string* size) { return check_checkpoint_case(candidate, size); });
+  return run_property_public(name, run, [&](std::string* size, std::string* replay) {
+    const CkptCase c = *gen_checkpoint_case();
+    *replay = checkpoint_case_toml(c);
+    return check_checkpoint_case(candidate, c, size);
+  });
+}
+
+std::string case_component(const std::string& toml_text) {
+  try {
+    const toml::table t = toml::parse(toml_text);
+    return t["case"]["component"].value_or(std::string());
+  } catch (const std::exception&) {
+    return "";
+  }
+}
+
+std::string replay_component_case(const std::string& toml_text, const std::string& label,
+                                  const ComponentImpls& impls, std::string* size) {
+  toml::table t;
+  try {
+    t = toml::parse(toml_text, label);
+  } catch (const toml::parse_error& e) {
+    throw std::runtime_error(fmt::format("{}: not valid TOML: {}", label, e.description()));
+  }
+  const toml::table* c = t["case"].as_table();
+  if (!c) throw std::runtime_error(fmt::format("{}: no [case] table", label));
+  const CaseReader r{*c, label};
+  const std::string component = r.get<std::string>("component");
+  if (component == "loss") return check_loss_case(impls.loss, loss_case_from(r), size);
+  if (component == "attention")
+    return check_attention_case(impls.attention, attention_case_from(r), size);
+  if (component == "checkpoint")
+    return check_checkpoint_case(impls.checkpoint, checkpoint_case_from(r), size);
+  throw std::runtime_error(fmt::format(
+      "{}: case.component \"{}\" is not loss, attention or checkpoint", label, component));
 }
 
 }  // namespace dflash::harness

@@ -42,18 +42,10 @@ void progress(const std::string& what) {
 CheckRow property_row(const PropertyOutcome& o, const ParityOptions& opt) {
   CheckRow r{o.name, o.passed, fmt::format("{} cases, seed {}", o.cases_passed, o.seed), o.seconds,
              ""};
-  if (!o.passed) {
-    r.figure = fmt::format("failed after {} cases (seed {}): {}", o.cases_passed, o.seed, o.size);
-    r.detail = o.report;
-    if (!o.counterexample.empty()) {
-      const std::string path = fmt::format("{}/counterexample-{}.toml", opt.out_dir, o.name);
-      safetensors::write_file_atomic(path, o.counterexample.substr(o.counterexample.find('[')));
-      r.detail += fmt::format(
-          "\nminimal counterexample written to {}\nreplay: dflash parity "
-          "--reproduce {}\n",
-          path, path);
-    }
-  }
+  if (o.passed) return r;
+  r.figure =
+      fmt::format("FAILED after {} passing cases (seed {}): {}", o.cases_passed, o.seed, o.size);
+  r.detail = o.report + save_counterexample(o, opt.out_dir, opt.mutant);
   return r;
 }
 
@@ -122,13 +114,75 @@ StepFn candidate(const ParityOptions& o) {
   return o.mutant.empty() ? StepFn(optimized::drafter_step) : mutant_step(o.mutant);
 }
 
+// The components the properties check: the real ones, or a mutant's.
+ComponentImpls candidate_components(const ParityOptions& o) {
+  const optimized::Components parts =
+      o.mutant.empty() ? optimized::real_components() : mutant_components(o.mutant);
+  return {parts.loss,
+          [parts](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const Anchors& a,
+                  int64_t S, int64_t bs,
+                  int64_t tile) { return parts.attention(q, k, v, a, S, bs, tile); },
+          parts.checkpoint};
+}
+
 int reproduce(const ParityOptions& o) {
+  const std::string text = safetensors::read_file(o.reproduce, "the counterexample");
+  const std::string against = o.mutant.empty() ? "the optimized build" : "mutant " + o.mutant;
+  const std::string component = case_component(text);
+  if (!component.empty()) {
+    std::string size;
+    const std::string report =
+        replay_component_case(text, o.reproduce, candidate_components(o), &size);
+    fmt::print("replaying {} ({} case: {}) against {}\n{}{}\n", o.reproduce, component, size,
+               against, report.empty() ? "" : report + "\n",
+               report.empty() ? "parity: ok" : "parity: FAILED");
+    return report.empty() ? 0 : 1;
+  }
   const Config c = load_config(o.reproduce);
-  fmt::print("replaying {} ({}) against {}\n", o.reproduce, config_size(c),
-             o.mutant.empty() ? "the optimized step" : "mutant " + o.mutant);
+  fmt::print("replaying {} ({}) against {}\n", o.reproduce, config_size(c), against);
   const ComparisonReport rep = step_parity(candidate(o), c);
   fmt::print("{}{}\n", rep.format(), rep.ok() ? "parity: ok" : "parity: FAILED");
   return rep.ok() ? 0 : 1;
+}
+
+// The four parity properties against `o`'s candidate (real or mutant).
+void property_rows(const ParityOptions& o, const PropertyRun& run, std::vector<CheckRow>* rows) {
+  const ComponentImpls impls = candidate_components(o);
+  progress("parity.step");
+  rows->push_back(property_row(check_step_parity(candidate(o), run), o));
+  progress("parity.loss");
+  rows->push_back(property_row(check_loss_parity(impls.loss, run), o));
+  progress("parity.attention");
+  rows->push_back(property_row(check_attention_parity(impls.attention, run), o));
+  progress("parity.checkpoint");
+  rows->push_back(property_row(check_checkpoint_parity(impls.checkpoint, run), o));
+}
+
+// The table, the failure details, the JSON / JUnit reports; exit 1 on any
+// failed row.
+int finish(const ParityOptions& o, const std::vector<CheckRow>& rows,
+           const std::vector<KillRow>& kills) {
+  int failed = 0;
+  fmt::print("\n{:<44} {:<6} {:>8}  {}\n", "check", "result", "seconds", "key figure");
+  for (const auto& r : rows) {
+    failed += !r.passed;
+    fmt::print("{:<44} {:<6} {:>8.2f}  {}\n", r.name, r.passed ? "pass" : "FAIL", r.seconds,
+               r.figure);
+  }
+  if (!kills.empty())
+    fmt::print("\nkill table (each SPEC.md failure mode as a mutant):\n{}", kill_table(kills));
+  for (const auto& r : rows)
+    if (!r.passed && !r.detail.empty()) fmt::print("\n--- {} ---\n{}\n", r.name, r.detail);
+  try {
+    write_reports(o, rows, kills);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "dflash parity: could not write the reports: {}\n", e.what());
+    failed += 1;
+  }
+  fmt::print("\nparity: {} ({} of {} checks passed{})\n", failed ? "FAILED" : "ok",
+             rows.size() - std::min(rows.size(), size_t(failed)), rows.size(),
+             o.mutant.empty() ? "" : ", candidate: mutant " + o.mutant);
+  return failed ? 1 : 0;
 }
 
 }  // namespace
@@ -137,27 +191,9 @@ int run_parity(const ParityOptions& o) {
   if (!o.reproduce.empty()) return reproduce(o);
   const PropertyRun run{o.cases, o.seed};
   std::vector<CheckRow> rows;
-  if (!o.mutant.empty()) {
-    progress("parity.step against mutant " + o.mutant);
-    rows.push_back(property_row(check_step_parity(candidate(o), run), o));
-    const CheckRow& r = rows.back();
-    fmt::print("{:<44} {:<6} {:>8.2f}  {}\n{}\n", r.name, r.passed ? "pass" : "FAIL", r.seconds,
-               r.figure, r.detail);
-    write_reports(o, rows, {});
-    return r.passed ? 0 : 1;
-  }
-  progress("parity.step");
-  rows.push_back(property_row(check_step_parity(optimized::drafter_step, run), o));
-  progress("parity.loss");
-  rows.push_back(property_row(check_loss_parity(optimized::loss_and_metrics, run), o));
-  progress("parity.attention");
-  const AttentionFn sparse = [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                const Anchors& a, int64_t S, int64_t bs, int64_t tile) {
-    return optimized::draft_attention(q, k, v, a, S, bs, tile);
-  };
-  rows.push_back(property_row(check_attention_parity(sparse, run), o));
-  progress("parity.checkpoint");
-  rows.push_back(property_row(check_checkpoint_parity(optimized::checkpoint, run), o));
+  property_rows(o, run, &rows);
+  if (!o.mutant.empty()) return finish(o, rows, {});
+  const AttentionFn sparse = candidate_components(o).attention;
 
   Config audit_cfg = fixtures::micro_config();
   audit_cfg.optimized.checkpoint_layers = true;
@@ -190,21 +226,7 @@ int run_parity(const ParityOptions& o) {
     }
   }
 
-  int failed = 0;
-  fmt::print("\n{:<44} {:<6} {:>8}  {}\n", "check", "result", "seconds", "key figure");
-  for (const auto& r : rows) {
-    failed += !r.passed;
-    fmt::print("{:<44} {:<6} {:>8.2f}  {}\n", r.name, r.passed ? "pass" : "FAIL", r.seconds,
-               r.figure);
-  }
-  if (o.zoo)
-    fmt::print("\nkill table (each SPEC.md failure mode as a mutant):\n{}", kill_table(kills));
-  for (const auto& r : rows)
-    if (!r.passed && !r.detail.empty()) fmt::print("\n--- {} ---\n{}\n", r.name, r.detail);
-  write_reports(o, rows, kills);
-  fmt::print("\nparity: {} ({} of {} checks passed)\n", failed ? "FAILED" : "ok",
-             rows.size() - size_t(failed), rows.size());
-  return failed ? 1 : 0;
+  return finish(o, rows, kills);
 }
 
 int run_audit(const std::string& path, const std::string& build) {

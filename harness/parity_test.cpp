@@ -11,10 +11,16 @@
 namespace dflash::harness {
 namespace {
 
+// A failure prints the report and writes the replayable case under
+// $DFLASH_OUT_DIR (default: the system's temp directory).
 void expect_passed(const PropertyOutcome& o) {
-  EXPECT_TRUE(o.passed) << o.name << " failed after " << o.cases_passed << " cases (seed " << o.seed
-                        << "), minimal case " << o.size << "\n"
-                        << o.report << "\nready-to-run counterexample:" << o.counterexample;
+  if (!o.passed) {
+    const char* dir = std::getenv("DFLASH_OUT_DIR");
+    ADD_FAILURE() << o.name << " FAILED after " << o.cases_passed << " passing cases (seed "
+                  << o.seed << "), minimal case " << o.size << "\n"
+                  << o.report
+                  << save_counterexample(o, dir ? dir : ::testing::TempDir() + "dflash-parity");
+  }
   EXPECT_GE(o.cases_passed, 100);
 }
 

@@ -179,18 +179,24 @@ void environment_check(Row& r, const Subject& s, const PreflightOptions& o) {
   if (!v.ok) r.result = "FAIL", r.detail = v.detail;
 }
 
-// The twin under fresh seeds: new batches, anchors and weights each case.
+// The twin under fresh seeds: new batches, anchors and weights each case
+// (the seed selects them, so the case's config alone replays it).
 void twin_parity_check(Row& r, const Subject& s, const PreflightOptions& o) {
-  const PropertyOutcome out =
-      run_property_public("twin parity", {o.cases, o.seed}, [&](std::string* size) {
+  const PropertyOutcome out = run_property_public(
+      "twin parity", {o.cases, o.seed}, [&](std::string* size, std::string* replay) {
         Config t = s.twin;
         t.run.seed = *rc::gen::inRange<uint64_t>(0, 1u << 30);
         *size = config_size(t);
-        const ComparisonReport rep = step_parity(s.step, t, *rc::gen::inRange<uint64_t>(0, 100));
-        return rep.ok() ? std::string() : rep.format(config_to_toml(t));
+        *replay = config_to_toml(t);
+        const ComparisonReport rep = step_parity(s.step, t);
+        return rep.ok() ? std::string() : rep.format(*replay);
       });
   r.figure = fmt::format("{} cases of {}", out.cases_passed, config_size(s.twin));
-  if (!out.passed) r.result = "FAIL", r.detail = out.report;
+  if (out.passed) return;
+  r.result = "FAIL";
+  r.figure = fmt::format("FAILED after {} passing cases (seed {}): {}", out.cases_passed, o.seed,
+                         out.size);
+  r.detail = out.report + save_counterexample(out, o.out_dir, o.mutant);
 }
 
 void twin_audit_check(Row& r, const Subject& s) {

@@ -31,6 +31,9 @@ struct PreflightOptions {
   std::string env_file;
   // Skip the environment check (planning for a machine that is not here).
   bool plan_for_another_machine = false;
+  // Where a failing twin-parity case is written (counterexample-twin-parity.toml,
+  // replayable with `dflash parity --reproduce`).
+  std::string out_dir = ".";
 };
 
 int run_preflight(const PreflightOptions& o);

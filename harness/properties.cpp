@@ -5,7 +5,9 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 
+#include "core/safetensors.h"
 #include "harness/generators.h"
 #include "harness/parity.h"
 #include "reference/layers.h"
@@ -14,15 +16,25 @@
 namespace dflash::harness {
 namespace {
 
+// RapidCheck's default listener prints "Falsifiable after ..." and, at exit,
+// a reproduce line for every failed property in the process (the zoo's
+// intended failures too); dflash reports failures itself.
+struct SilentListener : rc::detail::TestListener {
+  void onTestCaseFinished(const rc::detail::CaseDescription&) override {}
+  void onShrinkTried(const rc::detail::CaseDescription&, bool) override {}
+  void onTestFinished(const rc::detail::TestMetadata&, const rc::detail::TestResult&) override {}
+};
+
 // Runs `body` as a RapidCheck property. `body` returns "" on success or the
-// failure report; the report of the last failing run (after shrinking: the
-// minimal case) is kept, with its shown counterexample and size.
+// failure report; the report, replay text and size of the last failing run
+// (after shrinking: the minimal case) are kept. An exception thrown by a
+// case is that case's failure.
 PropertyOutcome run_property(const std::string& name, const PropertyRun& run,
-                             const std::function<std::string(std::string* size)>& body) {
+                             const PropertyBody& body) {
   PropertyOutcome out;
   out.name = name;
   out.seed = run.seed;
-  std::string last_report, last_size;
+  std::string last_report, last_size, last_replay;
   const auto t0 = std::chrono::steady_clock::now();
   rc::detail::TestParams params;
   params.seed = run.seed;
@@ -30,14 +42,19 @@ PropertyOutcome run_property(const std::string& name, const PropertyRun& run,
   params.maxSize = 100;
   rc::detail::TestMetadata meta;
   meta.id = meta.description = name;
-  const rc::detail::TestResult result =
-      rc::detail::checkProperty(rc::detail::toProperty([&] {
-                                  std::string size;
-                                  const std::string report = body(&size);
-                                  if (!report.empty()) last_report = report, last_size = size;
-                                  RC_ASSERT(report.empty());
-                                }),
-                                meta, params);
+  SilentListener quiet;
+  const rc::detail::TestResult result = rc::detail::checkProperty(
+      rc::detail::toProperty([&] {
+        std::string size, replay, report;
+        try {
+          report = body(&size, &replay);
+        } catch (const std::exception& e) {
+          report = fmt::format("{}: the case threw: {}", size.empty() ? name : size, e.what());
+        }
+        if (!report.empty()) last_report = report, last_size = size, last_replay = replay;
+        RC_ASSERT(report.empty());
+      }),
+      meta, params, quiet);
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (result.is<rc::detail::SuccessResult>()) {
     out.passed = true;
@@ -45,7 +62,7 @@ PropertyOutcome run_property(const std::string& name, const PropertyRun& run,
   } else if (result.is<rc::detail::FailureResult>()) {
     const auto& bad = result.get<rc::detail::FailureResult>();
     out.cases_passed = bad.numSuccess;
-    for (const auto& [type, value] : bad.counterExample) out.counterexample += value;
+    out.counterexample = last_replay;
     out.report = last_report.empty() ? bad.description : last_report;
     out.size = last_size;
   } else {
@@ -61,8 +78,27 @@ std::string failure(const ComparisonReport& rep, const std::string& context) {
 }  // namespace
 
 PropertyOutcome run_property_public(const std::string& name, const PropertyRun& run,
-                                    const std::function<std::string(std::string* size)>& body) {
+                                    const PropertyBody& body) {
   return run_property(name, run, body);
+}
+
+std::string save_counterexample(const PropertyOutcome& o, const std::string& out_dir,
+                                const std::string& mutant) {
+  if (o.counterexample.empty()) return "";
+  std::string name = o.name;
+  for (char& ch : name)
+    if (ch == ' ' || ch == '/') ch = '-';
+  const std::string path = fmt::format("{}/counterexample-{}.toml", out_dir, name);
+  try {
+    std::filesystem::create_directories(out_dir);
+    safetensors::write_file_atomic(path, o.counterexample);
+  } catch (const std::exception& e) {
+    return fmt::format("\ncould not write the counterexample to {} ({}); it reads:\n{}", path,
+                       e.what(), o.counterexample);
+  }
+  return fmt::format(
+      "\nminimal counterexample written to {}\nreplay: dflash parity --reproduce {}{}\n", path,
+      path, mutant.empty() ? "" : " --mutant " + mutant);
 }
 
 std::string config_size(const Config& c) {
@@ -77,10 +113,11 @@ std::string config_size(const Config& c) {
 
 PropertyOutcome check_step_parity(const StepFn& candidate, const PropertyRun& run,
                                   const std::string& name) {
-  return run_property(name, run, [&](std::string* size) {
+  return run_property(name, run, [&](std::string* size, std::string* replay) {
     const Config c = *gen_step_config();
     *size = config_size(c);
-    return failure(step_parity(candidate, c), config_to_toml(c));
+    *replay = config_to_toml(c);
+    return failure(step_parity(candidate, c), *replay);
   });
 }
 

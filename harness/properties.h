@@ -1,8 +1,12 @@
 // The parity properties, runnable from code with a chosen case count and seed
 // (RapidCheck's checkProperty), so that ctest, `dflash parity` and the bug
 // zoo all run the very same checks. A failure is shrunk by RapidCheck; the
-// outcome carries the minimal counterexample (a ready-to-run TOML for step
-// properties) and the comparison table of that minimal case.
+// outcome carries the minimal counterexample as a replayable TOML (a config
+// for the step property, a `[case]` table for a component property, see
+// harness/component_properties.h) and the comparison table of that case.
+// Nothing in the failure path throws: an exception inside a case is that
+// case's failure report. RapidCheck's own reporting is silenced: the
+// outcome is the report.
 #pragma once
 
 #include <functional>
@@ -23,7 +27,7 @@ struct PropertyOutcome {
   bool passed = false;
   int cases_passed = 0;        // before the first failure, or all of them
   std::string report;          // comparison table of the minimal failing case
-  std::string counterexample;  // minimal failing case (TOML for step properties)
+  std::string counterexample;  // minimal failing case, replayable TOML (see above)
   std::string size;            // its dimensions, one line
   uint64_t seed = 0;
   double seconds = 0;
@@ -51,10 +55,34 @@ PropertyOutcome check_attention_parity(const AttentionFn& candidate, const Prope
 PropertyOutcome check_checkpoint_parity(const CheckpointImpl& candidate, const PropertyRun& run,
                                         const std::string& name = "parity.checkpoint");
 
+// Component counterexamples: a TOML `[case]` table naming the component
+// (loss, attention, checkpoint), its shapes, dtype, seeds and masks; what
+// `dflash parity --reproduce FILE` replays.
+struct ComponentImpls {
+  LossFn loss;
+  AttentionFn attention;
+  CheckpointImpl checkpoint;
+};
+// The component a counterexample text names, "" for a step config.
+std::string case_component(const std::string& toml_text);
+// Replays one component case against `impls`: "" when it passes, else the
+// comparison report. Throws on a malformed file, naming file and key.
+std::string replay_component_case(const std::string& toml_text, const std::string& label,
+                                  const ComponentImpls& impls, std::string* size);
+
 // Runs `body` as a RapidCheck property; `body` returns "" on success or the
-// failure report, and writes the case's dimensions to *size.
+// failure report, writes the case's dimensions to *size and, before it can
+// fail, the TOML that replays the case to *replay.
+using PropertyBody = std::function<std::string(std::string* size, std::string* replay)>;
 PropertyOutcome run_property_public(const std::string& name, const PropertyRun& run,
-                                    const std::function<std::string(std::string* size)>& body);
+                                    const PropertyBody& body);
+
+// Writes a failed outcome's counterexample to OUT_DIR/counterexample-NAME.toml
+// and returns the lines that say where it is and how to replay it (with
+// `--mutant MUTANT` when one was checked); never throws: when the file
+// cannot be written, the lines say why and carry the TOML itself.
+std::string save_counterexample(const PropertyOutcome& o, const std::string& out_dir,
+                                const std::string& mutant = "");
 
 // One line of dimensions for a config ("B=2 S=9 Q=6 H=8 V=17 layers=1 float32").
 std::string config_size(const Config& c);

@@ -3,7 +3,24 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <cstdlib>
+#include <limits>
+
 namespace dflash::harness {
+namespace {
+
+// Test hook: DFLASH_TEST_FORCE_FAILURE=1 makes every comparison of real
+// results fail (bound -1), so tests can drive the real kernels through the
+// real failure path: report, counterexample file, replay, exit code.
+bool forced_failure() {
+  static const bool on = [] {
+    const char* v = std::getenv("DFLASH_TEST_FORCE_FAILURE");
+    return v && std::string(v) == "1";
+  }();
+  return on;
+}
+
+}  // namespace
 
 Comparison compare(const std::string& name, const at::Tensor& candidate,
                    const at::Tensor& same_precision, const at::Tensor& ref64,
@@ -38,6 +55,7 @@ Comparison compare(const std::string& name, const at::Tensor& candidate,
     return c;
   }
   c.worst_index = d.argmax().item<int64_t>();
+  c.shape = candidate.sizes().vec();
   c.err = d[c.worst_index].item<double>();
   for (const at::Tensor& t : same_precision)
     c.err_same = std::max(c.err_same,
@@ -46,17 +64,38 @@ Comparison compare(const std::string& name, const at::Tensor& candidate,
   c.rel_err = scale > 0 ? c.err / scale : c.err;
   c.worst_candidate = candidate.detach().to(at::kDouble).reshape(-1)[c.worst_index].item<double>();
   c.worst_reference = r[c.worst_index].item<double>();
+  if (forced_failure()) c.bound = -1;  // the test hook above
   c.ok = std::isfinite(c.err) && c.err <= c.bound;
   return c;
 }
 
+double Comparison::error_ratio() const {
+  if (err_same > 0) return err / err_same;
+  return err > 0 ? std::numeric_limits<double>::infinity() : 0.0;
+}
+
+namespace {
+
+// The flat index as coordinates of `shape`: "[1, 0, 3]".
+std::string coordinates(int64_t flat, const std::vector<int64_t>& shape) {
+  std::vector<int64_t> at(shape.size());
+  for (size_t i = shape.size(); i-- > 0;) {
+    const int64_t n = std::max<int64_t>(shape[i], 1);
+    at[i] = flat % n;
+    flat /= n;
+  }
+  return fmt::format("[{}]", fmt::join(at, ", "));
+}
+
+}  // namespace
+
 std::string Comparison::describe() const {
   if (!message.empty()) return fmt::format("{:<44} {} {}", name, ok ? "ok  " : "FAIL", message);
   return fmt::format(
-      "{:<44} {} max_abs {:.3e} <= {:.3e}? (same-precision {:.3e}) rel {:.2e} "
-      "worst [{}] {:.9g} vs {:.9g}",
-      name, ok ? "ok  " : "FAIL", err, bound, err_same, rel_err, worst_index, worst_candidate,
-      worst_reference);
+      "{:<44} {} max_abs {:.3e} <= {:.3e}? (same-precision {:.3e}, error ratio {:.3g}) rel "
+      "{:.2e} worst {} {:.9g} vs {:.9g}",
+      name, ok ? "ok  " : "FAIL", err, bound, err_same, error_ratio(), rel_err,
+      coordinates(worst_index, shape), worst_candidate, worst_reference);
 }
 
 bool ComparisonReport::ok() const {

@@ -21,13 +21,18 @@ struct Tolerance {
 struct Comparison {
   std::string name;
   bool ok = false;
-  double err = 0;       // max |candidate - ref64|
-  double err_same = 0;  // max |same-precision reference - ref64|
-  double bound = 0;     // k * err_same + floor
-  double rel_err = 0;   // err / max |ref64|
-  int64_t worst_index = -1;
+  double err = 0;              // max |candidate - ref64|
+  double err_same = 0;         // max |same-precision reference - ref64|
+  double bound = 0;            // k * err_same + floor
+  double rel_err = 0;          // err / max |ref64|
+  int64_t worst_index = -1;    // flat index into the tensor
+  std::vector<int64_t> shape;  // to name the worst element by its coordinates
   double worst_candidate = 0, worst_reference = 0;
   std::string message;  // filled when the comparison could not be made
+  // err / err_same: how many times the same-precision reference's own error
+  // the candidate's is (the quantity the tolerance k bounds; inf when the
+  // reference is exact).
+  double error_ratio() const;
   std::string describe() const;
 };
 

@@ -310,6 +310,7 @@ bool gate(const Config& c, const RunOptions& o, const std::string& dir) {
     p.config = o.config;
     p.json = verdict.string();
     p.cases = o.preflight_cases;
+    p.out_dir = dir;
     if (harness::run_preflight(p) != 0) {
       fmt::print(stderr,
                  "dflash train: preflight FAILED (table above); not training. Fix the config "
