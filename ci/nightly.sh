@@ -2,7 +2,8 @@
 # The nightly suite: the quick suite and the `nightly` label with 20x the
 # property cases and fresh seeds (printed, so a failure can be replayed:
 # DFLASH_CASES=... DFLASH_SEED=... ctest -R <test>), then `dflash parity`
-# at 20x its default case count with the same seed.
+# at 20x its default case count with the same seed, then the mutation runner
+# (ci/mutants.sh: every mutant of ci/mutants.toml killed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ci/bootstrap.sh
@@ -13,3 +14,5 @@ export RC_PARAMS="${RC_PARAMS:-max_success=2000 seed=$seed}"
 ctest --test-dir build -j"$(nproc)" --output-on-failure --timeout 3600
 build/dflash parity --cases 4000 --seed "$seed" --json build/nightly-parity.json \
   --junit build/nightly-parity.xml --out-dir build
+# Mutation testing of the real sources: every mutant must be killed.
+ci/mutants.sh --json build/nightly-mutants.json

@@ -114,6 +114,9 @@ void add_harness(CLI::App& app, Subcommands& subs) {
                  "Check a zoo mutant instead (shows a failure; with "
                  "--reproduce, replays against it)");
   ps->add_flag("--no-zoo", *no_zoo, "Skip the bug zoo");
+  ps->add_flag("--measure-tolerances", p->measure_tolerances,
+               "Instead of the checks: tabulate the error ratios and floors the real code "
+               "needs, per property, dtype and tensor (docs/HARNESS.md)");
   subs.add(ps, [p, no_zoo] {
     configure_threads(0);
     p->zoo = !*no_zoo;

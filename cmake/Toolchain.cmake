@@ -3,9 +3,11 @@
 
 find_program(DFLASH_CCACHE ccache)
 if(DFLASH_CCACHE AND NOT CMAKE_CXX_COMPILER_LAUNCHER)
-  # Precompiled headers are only cacheable with this sloppiness.
+  # Precompiled headers are only cacheable with this sloppiness; paths are
+  # hashed relative to the clone, so another clone of the same commit (CI's
+  # fresh clone) hits the cache.
   set(CMAKE_CXX_COMPILER_LAUNCHER
-      "${CMAKE_COMMAND};-E;env;CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime;${DFLASH_CCACHE}")
+      "${CMAKE_COMMAND};-E;env;CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime;CCACHE_BASEDIR=${PROJECT_SOURCE_DIR};${DFLASH_CCACHE}")
 endif()
 
 include(CheckLinkerFlag)

@@ -10,6 +10,7 @@
 #include "core/text.h"
 #include "fixtures/fixtures.h"
 #include "harness/audit.h"
+#include "harness/error_ratios.h"
 #include "harness/parity.h"
 #include "harness/properties.h"
 #include "harness/zoo.h"
@@ -189,6 +190,12 @@ int finish(const ParityOptions& o, const std::vector<CheckRow>& rows,
 
 int run_parity(const ParityOptions& o) {
   if (!o.reproduce.empty()) return reproduce(o);
+  if (o.measure_tolerances) {
+    std::string json;
+    fmt::print("{}", measure_error_ratios(o.cases, o.seed, &json));
+    if (!o.json.empty()) safetensors::write_file_atomic(o.json, json + "\n");
+    return 0;
+  }
   const PropertyRun run{o.cases, o.seed};
   std::vector<CheckRow> rows;
   property_rows(o, run, &rows);

@@ -18,6 +18,8 @@ struct ParityOptions {
   // Check a parity-checked zoo mutant instead of the real optimized step
   // (shows what a failure looks like; with --reproduce, replays against it).
   std::string mutant;
+  // Instead of the suite: the error-ratio measurement (harness/error_ratios.h).
+  bool measure_tolerances = false;
 };
 
 // Exit code: 0 when the real code passes every check and every mutant dies.

@@ -47,6 +47,26 @@ Comparison compare(const std::string& name, const at::Tensor& candidate,
 
 // All comparisons of a case, and a table of them; `context` (e.g. the config
 // as TOML) is printed under a failure.
+// The error-ratio measurement (docs/HARNESS.md): while a recorder is alive,
+// every compare() on its thread appends its figures, so the tolerances can
+// be set from the distribution the correct code produces.
+struct ErrorSample {
+  std::string name;  // tensor name
+  Tolerance tol;     // the rule it was held to (identifies the dtype rule)
+  double err = 0, err_same = 0, scale = 0;
+};
+class ErrorRecorder {
+ public:
+  ErrorRecorder();
+  ~ErrorRecorder();
+  ErrorRecorder(const ErrorRecorder&) = delete;
+  ErrorRecorder& operator=(const ErrorRecorder&) = delete;
+  std::vector<ErrorSample> samples;
+
+ private:
+  ErrorRecorder* previous_;
+};
+
 struct ComparisonReport {
   std::vector<Comparison> rows;
   bool ok() const;

@@ -1,0 +1,17 @@
+// The tolerance measurement (`dflash parity --measure-tolerances`): runs the
+// step, loss and attention properties on the real code and tabulates, per
+// property, dtype and tensor kind, the distribution of the error ratio
+// err / err(same-precision reference) and of the floor each comparison
+// needed: (err - k * err_same) / scale, the relative floor below which the
+// correct code would have failed. docs/HARNESS.md sets the bounds from it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace dflash::harness {
+
+// The table as text (and JSON into *json when not null).
+std::string measure_error_ratios(int cases, uint64_t seed, std::string* json = nullptr);
+
+}  // namespace dflash::harness
