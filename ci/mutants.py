@@ -151,6 +151,9 @@ def main():
         sys.exit("mutants: duplicate names in " + args.list)
     if args.only:
         mutants = [m for m in mutants if m["name"] in args.only]
+    # Cheapest checks first: parity, then the oracle, then area tests.
+    order = {"parity": 0, "oracle": 1, "tests": 2}
+    mutants.sort(key=lambda m: order.get(m.get("expect", "tests"), 3))
     scratch = Path(args.scratch)
     scratch.mkdir(parents=True, exist_ok=True)
     log = open(scratch / "mutants.log", "w")
@@ -175,19 +178,21 @@ def main():
                 path.write_text(text)
             rows.append({**m, "line": line, "killed_by": killed_by, "detail": detail,
                          "seconds": round(time.monotonic() - t0, 1)})
+        if args.json:  # partial results survive an interrupted run
+            Path(args.json + ".partial").write_text(json.dumps(rows, indent=2) + "\n")
         r = rows[-1]
         print(f"[mutants]   -> {r['killed_by'] or 'SURVIVED'}: {r['detail']} ({r['seconds']} s)",
               file=sys.stderr, flush=True)
     # Leave the scratch tree built as the real code, for the next run.
     run(["ninja", "-C", build], src, 3600, log)
 
-    print(f"\n{'mutant':<40} {'where':<36} {'killed by':<10} {'seconds':>7}  what / check")
+    print(f"\n{'mutant':<40} {'where':<36} {'expected':<8} {'killed by':<10} {'seconds':>7}  what [check]")
     survivors = 0
     for r in rows:
         equivalent = r.get("equivalent", "")
         status = r["killed_by"] or ("equivalent" if equivalent else "SURVIVED")
         survivors += status == "SURVIVED"
-        print(f"{r['name']:<40} {r['file'] + ':' + str(r['line']):<36} {status:<10} "
+        print(f"{r['name']:<40} {r['file'] + ':' + str(r['line']):<36} {r.get('expect', ''):<8} {status:<10} "
               f"{r['seconds']:>7.1f}  {r['what']}" + (f" [{r['detail']}]" if r["killed_by"] else
                                                        f" [{equivalent or r['detail']}]"))
     killed = sum(1 for r in rows if r["killed_by"])

@@ -68,9 +68,13 @@ const DtypeRule& dtype_rule(DType d) {
   static const DtypeRule f32{
       {4.0, 5e-5}, 1e-4, 0x1p-24, "4x the float32 reference's error + 5e-5 of the scale"};
   // bfloat16: 8-bit mantissa; the builds round at different places (chunks,
-  // tiles, fused softmax), so 4x the bf16 reference's error + 1/64 of scale.
+  // tiles, fused softmax), so 4x the bf16 reference's error + 2^-8 of the
+  // scale. The floor is set from `dflash parity --measure-tolerances`: over
+  // 3000 cases per property the correct code needed at most 1.7e-3 of the
+  // scale beyond 4x err(same) (attention grad.q, head_dim 2), 2.3x below it
+  // (docs/HARNESS.md); it was 1/64 before that measurement.
   static const DtypeRule bf16{
-      {4.0, 1.0 / 64}, 0.1, 0x1p-9, "4x the bfloat16 reference's error + 1/64 of the scale"};
+      {4.0, 0x1p-8}, 0.1, 0x1p-9, "4x the bfloat16 reference's error + 2^-8 of the scale"};
   return d == DType::kFloat64 ? f64 : d == DType::kFloat32 ? f32 : bf16;
 }
 
