@@ -58,7 +58,7 @@ def torch_python():
     cache = ROOT / "build" / "CMakeCache.txt"
     if cache.exists():
         for line in cache.read_text().splitlines():
-            if line.startswith("DFLASH_TORCH_PYTHON:FILEPATH="):
+            if line.startswith("DFLASH_TORCH_PYTHON:FILEPATH=") and line.split("=", 1)[1]:
                 return line.split("=", 1)[1]
     env = os.environ.get("DFLASH_TORCH_ENV")
     if env:
