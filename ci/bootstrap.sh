@@ -8,6 +8,9 @@
 #     $DFLASH_TORCH_ENV, else ${XDG_CACHE_HOME:-~/.cache}/dflash/torch-<version>.
 #     libtorch is the C++ library inside that wheel.
 #  3. Configure (Release, Ninja, ccache, lld, one precompiled header) and build.
+# `ci/bootstrap.sh --check` only says whether the torch environment is
+# complete (exit 0) or would be redone (exit 1, with the reason); it installs
+# and builds nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -85,6 +88,17 @@ install_torch() {
   echo "torch==$torch_version" > "$torch_env/.dflash-complete"
   echo "bootstrap: torch $got ready in $torch_env"
 }
+
+if [ "${1:-}" = "--check" ]; then
+  if [ ! -x "$torch_env/bin/python" ] && [ ! -e "$torch_env" ]; then
+    echo "bootstrap: no torch environment at $torch_env (would install torch==$torch_version)"
+    exit 1
+  fi
+  if torch_env_complete; then echo "bootstrap: $torch_env is a complete torch==$torch_version environment"; exit 0; fi
+  echo "bootstrap: $torch_env is not a complete torch==$torch_version environment" \
+       "(no completion marker, or a library missing): it would be removed and installed again"
+  exit 1
+fi
 
 install_debian_packages
 install_torch

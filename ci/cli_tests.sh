@@ -188,6 +188,21 @@ case "$case_name" in
     pf --plan-for-another-machine || { cat "$tmp/pf.txt"; exit 1; }
     grep -E "^environment +skip +.*SKIPPED" "$tmp/pf.txt"
     ;;
+  bootstrap_check)
+    # The environment the build uses is complete; a half-finished one (no
+    # completion marker: an interrupted download) or another version is found.
+    env_dir=${DFLASH_TORCH_ENV:-${XDG_CACHE_HOME:-$HOME/.cache}/dflash/torch-$(cat cmake/TORCH_VERSION)}
+    if [ -d "$env_dir" ]; then ci/bootstrap.sh --check; fi  # absent: built against another torch
+    mkdir -p "$tmp/half/bin" && touch "$tmp/half/bin/python"
+    if DFLASH_TORCH_ENV="$tmp/half" ci/bootstrap.sh --check > "$tmp/b.txt"; then
+      echo "a half-finished environment passed"; exit 1
+    fi
+    grep -q "not a complete torch==$(cat cmake/TORCH_VERSION) environment" "$tmp/b.txt"
+    echo "torch==2.7.0" > "$tmp/half/.dflash-complete"
+    if DFLASH_TORCH_ENV="$tmp/half" ci/bootstrap.sh --check > /dev/null; then
+      echo "another version passed"; exit 1
+    fi
+    ;;
   plan)
     "$dflash" plan --config fixtures/configs/seed-8gpu.toml --json "$tmp/plan.json" > "$tmp/out.txt"
     grep -q "verdict: the configured run fits" "$tmp/out.txt"
