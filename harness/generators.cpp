@@ -87,7 +87,9 @@ rc::Gen<Config> gen_step_config() {
     const int64_t Qmax = c.data.max_anchors * c.data.block_size;
     c.loss.chunk_size =
         *rc::gen::oneOf(rc::gen::just<int64_t>(0), rc::gen::just<int64_t>(1),
-                        rc::gen::inRange<int64_t>(2, Qmax + 1), rc::gen::just<int64_t>(Qmax + 7));
+                        // 2 or 3: a few counted rows leave a ragged last chunk
+                        rc::gen::inRange<int64_t>(2, 4), rc::gen::inRange<int64_t>(2, Qmax + 1),
+                        rc::gen::just<int64_t>(Qmax + 7));
     c.optimized.chunked_loss = *rc::gen::weightedElement<bool>({{4, true}, {1, false}});
     c.optimized.sparse_attention = *rc::gen::weightedElement<bool>({{4, true}, {1, false}});
     c.optimized.checkpoint_layers = *rc::gen::arbitrary<bool>();
