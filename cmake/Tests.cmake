@@ -40,7 +40,11 @@ foreach(src ${DFLASH_TEST_SOURCES})
     NO_PRETTY_VALUES
     WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}
     PROPERTIES LABELS ${label}
-               ENVIRONMENT "DFLASH_SOURCE_DIR=${PROJECT_SOURCE_DIR};DFLASH_BINARY=$<TARGET_FILE:dflash>")
+               # One variable only: gtest_discover_tests flattens a list value, and a
+               # second NAME=VALUE is read as a property name and dropped. Tests
+               # find the sources through the working directory (DFLASH_SOURCE_DIR
+               # defaults to it) and the binary through DFLASH_BINARY.
+               ENVIRONMENT "DFLASH_BINARY=$<TARGET_FILE:dflash>")
 endforeach()
 
 # Command-line tests: the binary itself, driven by ci/cli_tests.sh.
