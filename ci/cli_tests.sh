@@ -142,9 +142,9 @@ case "$case_name" in
     grep -q "preflight: ok" "$tmp/out.txt"
     grep -q '"passed": true' "$tmp/pf.json"
     # ... and fails, naming the failing check, on: a predicted OOM ...
-    expect_fail() {  # <check that must fail> <dflash args...>
+    expect_fail() {  # <check that must fail> <dflash args...> (counterexamples go to $tmp)
       local want=$1; shift
-      if "$dflash" "$@" > "$tmp/f.txt" 2>&1; then echo "preflight passed: $*"; exit 1; fi
+      if "$dflash" "$@" --out-dir "$tmp" > "$tmp/f.txt" 2>&1; then echo "preflight passed: $*"; exit 1; fi
       grep -E "^$want +FAIL" "$tmp/f.txt" || { cat "$tmp/f.txt"; echo "expected $want to fail"; exit 1; }
     }
     { cat "$tiny"; printf '\n[topology]\ndevice_memory_gb = 0.001\nmemory_reserve_gb = 0.0\n'; } > "$tmp/small.toml"

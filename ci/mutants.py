@@ -95,9 +95,11 @@ def first_failure(out, prefix):
         parts = line.split()
         if prefix == "parity" and len(parts) > 1 and parts[1] == "FAIL":
             return parts[0]
-        if prefix == "tests" and " - " in line and any(
-                w in line for w in ("(Failed)", "(SEGFAULT)", "(Timeout)", "(Subprocess aborted)")):
-            return line.split(" - ", 1)[1].split(" (")[0].strip()
+    if prefix == "tests":  # every failed test of ctest's closing list, up to three
+        failed = [line.split(" - ", 1)[1].split(" (")[0].strip() for line in out.splitlines()
+                  if " - " in line and any(w in line for w in
+                                           ("(Failed)", "(SEGFAULT)", "(Timeout)", "(Subprocess aborted)"))]
+        return ", ".join(failed[:3]) + (f" (+{len(failed) - 3} more)" if len(failed) > 3 else "")
     return ""
 
 
@@ -128,7 +130,7 @@ def check_mutant(m, src, build, args, log):
     rc, out = run(ninja, src, 3600, log)
     if rc:
         return "", "test targets do not compile: " + compile_error(out)
-    rc, out = run(["ctest", "--test-dir", build, "-L", "quick", "-R", f"^{area}\\.", "-j",
+    rc, out = run(["ctest", "--test-dir", build, "-L", "quick", "-R", f"^{area}\\.", "--output-on-failure", "-j",
                    str(os.cpu_count() or 2), "--timeout", "600"], src, 3600, log)
     if rc != 0:
         return "tests", first_failure(out, "tests") or "ctest failed"

@@ -68,13 +68,14 @@ const DtypeRule& dtype_rule(DType d) {
   static const DtypeRule f32{
       {4.0, 5e-5}, 1e-4, 0x1p-24, "4x the float32 reference's error + 5e-5 of the scale"};
   // bfloat16: 8-bit mantissa; the builds round at different places (chunks,
-  // tiles, fused softmax), so 4x the bf16 reference's error + 2^-8 of the
+  // tiles, fused softmax), so 4x the bf16 reference's error + 2^-11 of the
   // scale. The floor is set from `dflash parity --measure-tolerances`: over
-  // 3000 cases per property the correct code needed at most 1.7e-3 of the
-  // scale beyond 4x err(same) (attention grad.q, head_dim 2), 2.3x below it
-  // (docs/HARNESS.md); it was 1/64 before that measurement.
+  // 2000 cases per property the correct code needed at most 1.6e-4 of the
+  // scale beyond 4x err(same) (attention grad.k), 3x below it; the attention
+  // output saved for backward in bf16 needs 3.9e-2 and a loss numerator kept
+  // in bf16 4.9e-3 (docs/HARNESS.md). It was 1/64.
   static const DtypeRule bf16{
-      {4.0, 0x1p-8}, 0.1, 0x1p-9, "4x the bfloat16 reference's error + 2^-8 of the scale"};
+      {4.0, 0x1p-11}, 0.1, 0x1p-9, "4x the bfloat16 reference's error + 2^-11 of the scale"};
   return d == DType::kFloat64 ? f64 : d == DType::kFloat32 ? f32 : bf16;
 }
 
@@ -140,8 +141,11 @@ ComparisonReport compare_steps(const StepResult& o, const std::vector<StepResult
       "ce", [](const StepResult& r) { return r.out.ce; }, nats);
   add(
       "kl", [](const StepResult& r) { return r.out.kl; }, nats);
+  // The weight sum is a sum of decay factors that every build accumulates in
+  // fp32 or better whatever the storage dtype: 1e-6 of it, not the dtype's floor.
+  const Tolerance sums{tol.k, std::min(tol.floor_rel, 1e-6), 0.0};
   add(
-      "weight_sum", [](const StepResult& r) { return r.out.weight_sum; }, tol);
+      "weight_sum", [](const StepResult& r) { return r.out.weight_sum; }, sums);
   add(
       "student_hidden", [](const StepResult& r) { return r.out.student_hidden; }, tol);
   // Metrics: per-slot hits and the accepted length, exact but for near ties.
