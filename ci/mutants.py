@@ -68,15 +68,28 @@ def torch_python():
     return f"{cache_home}/dflash/torch-{version}/bin/python"
 
 
-def prepare(scratch, log):
+def prepare(scratch, log, mutated_files=()):
     """A copy of the tree (tracked and untracked-not-ignored files) and a build."""
     src, build = scratch / "src", scratch / "build"
-    if src.exists():
-        shutil.rmtree(src)
-    for f in tracked_files():
+    # Only files whose content differs are written, with a fresh mtime: a
+    # copy that kept the tree's older mtime over a file an interrupted run
+    # left mutated would let ninja keep the mutant's object file.
+    wanted = set(tracked_files())
+    for f in wanted:
         dst = src / f
+        if dst.is_file() and dst.read_bytes() == (ROOT / f).read_bytes():
+            continue
         dst.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(ROOT / f, dst)
+        shutil.copyfile(ROOT / f, dst)
+        dst.touch()
+    for old in [p for p in src.rglob("*") if p.is_file()]:
+        if str(old.relative_to(src)) not in wanted:
+            old.unlink()
+    # A run killed mid-mutant leaves that file's object built from the mutant:
+    # every file a mutant touches is recompiled once (ccache makes it cheap).
+    for f in mutated_files:
+        if (src / f).is_file():
+            (src / f).touch()
     if not (build / "build.ninja").exists():
         rc, out = run(["cmake", "-S", src, "-B", build, "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
                        f"-DDFLASH_TORCH_PYTHON={torch_python()}", "-DDFLASH_BUILD_BENCH=OFF"],
@@ -151,6 +164,7 @@ def main():
     names = [m["name"] for m in mutants]
     if len(set(names)) != len(names):
         sys.exit("mutants: duplicate names in " + args.list)
+    every_file = {m["file"] for m in mutants}  # before --only: any may be left mutated
     if args.only:
         mutants = [m for m in mutants if m["name"] in args.only]
     # Cheapest checks first: parity, then the oracle, then area tests.
@@ -159,7 +173,7 @@ def main():
     scratch = Path(args.scratch)
     scratch.mkdir(parents=True, exist_ok=True)
     log = open(scratch / "mutants.log", "w")
-    src, build = prepare(scratch, log)
+    src, build = prepare(scratch, log, every_file)
 
     rows = []
     for i, m in enumerate(mutants):
