@@ -110,6 +110,32 @@ bool visible(const OracleInputs& in, const Dims& d, int64_t b, int64_t slot, int
   return (j - d.S) / d.bs == n;
 }
 
+// Step 7 for one query head of draft slot t in row b: softmax over the
+// visible keys of k (K, nkv*hd), weighted sum of v into out (hd); a slot
+// that sees no key leaves out at exactly 0.
+void attend(const OracleInputs& in, const Dims& d, int64_t b, int64_t t, int64_t hh,
+            const double* qh, const Vec& k, const Vec& v, double* out) {
+  const int64_t K = d.S + d.Q, kvd = d.nkv * d.hd, g = hh / (d.nh / d.nkv);  // GQA
+  double mx = -INFINITY;
+  Vec sc(size_t(K), -INFINITY);
+  for (int64_t j = 0; j < K; ++j) {
+    if (!visible(in, d, b, t, j)) continue;
+    double dot = 0;
+    for (int64_t e = 0; e < d.hd; ++e) dot += qh[e] * k[size_t(j * kvd + g * d.hd + e)];
+    sc[size_t(j)] = dot / std::sqrt(double(d.hd));
+    mx = std::max(mx, sc[size_t(j)]);
+  }
+  if (mx == -INFINITY) return;  // sees nothing: exactly 0
+  double z = 0;
+  for (int64_t j = 0; j < K; ++j)
+    z += sc[size_t(j)] == -INFINITY ? 0 : std::exp(sc[size_t(j)] - mx);
+  for (int64_t j = 0; j < K; ++j) {
+    if (sc[size_t(j)] == -INFINITY) continue;
+    const double pj = std::exp(sc[size_t(j)] - mx) / z;
+    for (int64_t e = 0; e < d.hd; ++e) out[e] += pj * v[size_t(j * kvd + g * d.hd + e)];
+  }
+}
+
 // Step 6 for one layer, updating x (B, Q, H) in place.
 void layer(const Config& c, const OracleInputs& in, const OracleParams& p, const Dims& d,
            const Layout& l, const Vec& C, int64_t i, Vec& x) {
@@ -147,29 +173,8 @@ void layer(const Config& c, const OracleInputs& in, const OracleParams& p, const
         down(size_t(d.H));
     for (int64_t t = 0; t < d.Q; ++t) {
       std::fill(attn.begin(), attn.end(), 0.0);
-      for (int64_t hh = 0; hh < d.nh; ++hh) {
-        const int64_t g = hh / (d.nh / d.nkv);  // GQA
-        const double* qh = &q[size_t(t * qd + hh * d.hd)];
-        double mx = -INFINITY;
-        Vec sc(size_t(K), -INFINITY);
-        for (int64_t j = 0; j < K; ++j) {
-          if (!visible(in, d, b, t, j)) continue;
-          double dot = 0;
-          for (int64_t e = 0; e < d.hd; ++e) dot += qh[e] * k[size_t(j * kvd + g * d.hd + e)];
-          sc[size_t(j)] = dot / std::sqrt(double(d.hd));
-          mx = std::max(mx, sc[size_t(j)]);
-        }
-        if (mx == -INFINITY) continue;  // sees nothing: exactly 0
-        double z = 0;
-        for (int64_t j = 0; j < K; ++j)
-          z += sc[size_t(j)] == -INFINITY ? 0 : std::exp(sc[size_t(j)] - mx);
-        for (int64_t j = 0; j < K; ++j) {
-          if (sc[size_t(j)] == -INFINITY) continue;
-          const double pj = std::exp(sc[size_t(j)] - mx) / z;
-          for (int64_t e = 0; e < d.hd; ++e)
-            attn[size_t(hh * d.hd + e)] += pj * v[size_t(j * kvd + g * d.hd + e)];
-        }
-      }
+      for (int64_t hh = 0; hh < d.nh; ++hh)
+        attend(in, d, b, t, hh, &q[size_t(t * qd + hh * d.hd)], k, v, &attn[size_t(hh * d.hd)]);
       double* xt = &x[size_t((b * d.Q + t) * d.H)];
       linear(param(p, pre + "self_attn.o_proj.weight"), attn.data(), qd, d.H, o.data());
       for (int64_t e = 0; e < d.H; ++e) xt[e] += o[size_t(e)];
