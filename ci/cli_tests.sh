@@ -43,6 +43,53 @@ case "$case_name" in
     grep -q "odd.toml: target.head_dim: expected an even number" "$tmp/err.txt"
     "$dflash" validate --config fixtures/configs/seed-8gpu.toml
     ;;
+  hostile_configs)
+    # Issue 14: the two hostile configs fail in their range check, and a valid
+    # config too big for this host is refused by every command that builds
+    # weights before it allocates. Time and peak RSS are judged against
+    # `validate` of tiny.toml in this run: loading libtorch and its CUDA
+    # libraries alone costs ~0.9 s and ~470 MB of RSS. A 6 GB address-space
+    # limit keeps a guard that is missing from eating the machine.
+    ulimit -v 6000000
+    hostile=fixtures/configs/hostile
+    measure() {  # measure EXPECTED_TEXT COMMAND...: exit != 0, text, time, RSS
+      local want=$1; shift
+      if /usr/bin/time -f "%e %M" -o "$tmp/time" "$dflash" "$@" > "$tmp/out" 2>&1; then
+        echo "accepted: dflash $*"; cat "$tmp/out"; exit 1
+      fi
+      read -r secs kb < <(tail -1 "$tmp/time")
+      echo "dflash $*: ${secs} s, ${kb} KB: $(head -c 300 "$tmp/out")"
+      grep -qF -- "$want" "$tmp/out" || { echo "expected: $want"; exit 1; }
+      awk -v s="$secs" -v k="$kb" -v s0="$base_s" -v k0="$base_kb" \
+        'BEGIN { exit !(s <= s0 + 1.0 && k <= k0 + 200000) }' ||
+        { echo "over baseline + 1 s / + 200 MB (${base_s} s, ${base_kb} KB)"; exit 1; }
+    }
+    /usr/bin/time -f "%e %M" -o "$tmp/time" "$dflash" validate --config "$tiny" > /dev/null
+    read -r base_s base_kb < <(tail -1 "$tmp/time")
+    echo "baseline: validate tiny.toml ${base_s} s, ${base_kb} KB"
+    layers="drafter.num_hidden_layers: expected an integer in [1, 256] (docs/CONFIG.md), found 4294967297"
+    measure "$layers" validate --config $hostile/layers-extra-digits.toml
+    measure "$layers" preflight --config $hostile/layers-extra-digits.toml
+    heads="target.num_attention_heads: expected an integer in [1, 1024] (docs/CONFIG.md), found 1000000"
+    measure "$heads" step --config $hostile/million-heads.toml
+    measure "$heads" preflight --config $hostile/million-heads.toml
+    big=$hostile/too-big-for-host.toml
+    sed '/^\[data\]/,/^\[loss\]/ s/^source = "fixture"$/source = "jsonl"\npath = "none.jsonl"/' \
+      $big > "$tmp/features.toml"
+    fits="does not fit: needs an estimated"
+    measure "dflash step: $big: $fits" step --config $big
+    measure "dflash step: $big: $fits" step --config $big --build optimized
+    measure "dflash dump: $big: $fits" dump --config $big --out "$tmp/d.safetensors"
+    measure "dflash audit: $big: $fits" audit --config $big
+    measure "dflash parity --config: $big: $fits" parity --config $big --cases 1
+    measure "dflash train: $big: $fits" train --config $big --skip-preflight --out-dir "$tmp/run"
+    measure "dflash features: $tmp/features.toml: $fits" features --config "$tmp/features.toml" \
+      --out "$tmp/feat"
+    measure "--ignore-memory-plan" step --config $big
+    # The override is honoured: allocation starts (and fails under the limit).
+    if "$dflash" step --config $big --ignore-memory-plan > "$tmp/out" 2>&1; then exit 1; fi
+    grep -q "warning (--ignore-memory-plan)" "$tmp/out"
+    ;;
   optimized_step)
     # Both builds print the same table for tiny.toml (values agree to fp32 rounding).
     ref=$("$dflash" step --config "$tiny" | awk '$1 == "loss" {print $2}')

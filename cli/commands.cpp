@@ -13,6 +13,7 @@
 #include "core/step.h"
 #include "fixtures/fixtures.h"
 #include "harness/bench.h"
+#include "harness/memory_guard.h"
 #include "harness/step_dump.h"
 #include "optimized/dist.h"
 #include "optimized/step.h"
@@ -105,6 +106,9 @@ int cmd_step(const StepArgs& a) {
     return (a.check && !same) ? 1 : 0;
   }
   const Config c = load_config(a.config);
+  harness::guard_memory(
+      c, a.build == "reference" ? harness::Workload::kReferenceStep : harness::Workload::kStep,
+      "dflash step");
   const int threads = configure_threads(a.threads >= 0 ? a.threads : c.run.threads);
   const auto t0 = std::chrono::steady_clock::now();
   const TargetWeights target = fixtures::make_target(c);
@@ -117,6 +121,7 @@ int cmd_step(const StepArgs& a) {
 
 int cmd_dump(const DumpArgs& a) {
   const Config c = load_config(a.config);
+  harness::guard_memory(c, harness::Workload::kReferenceStep, "dflash dump");
   configure_threads(a.threads >= 0 ? a.threads : c.run.threads);
   const TargetWeights target = fixtures::make_target(c);
   const DrafterWeights drafter = fixtures::make_drafter(c);
@@ -143,6 +148,7 @@ int cmd_bench(const BenchArgs& a) {
     // Inside launched ranks run the bench; otherwise launch the config's ranks.
     if (dist::env_from_process().present) return train::run_dist_bench(a.dist_config);
     const Config c = load_config(a.dist_config);
+    harness::guard_memory(c, harness::Workload::kTrain, "dflash bench --dist");
     return cmd_launch({c.topology.world_size, 5.0, {"bench", "--dist", "--config", a.dist_config}});
   }
   configure_threads(a.threads);

@@ -12,6 +12,7 @@
 
 #include "cli/commands.h"
 #include "core/step.h"
+#include "harness/memory_guard.h"
 #include "harness/parity_run.h"
 #include "harness/plan_run.h"
 #include "harness/preflight.h"
@@ -266,12 +267,20 @@ int main(int argc, char** argv) {
   add_plan_and_preflight(app, subs);
   add_train_and_launch(app, subs, launch);
   add_env(app, subs);
+  // Commands that build model-sized tensors check the planner's estimate
+  // first (harness/memory_guard.h); this flag lets them allocate anyway.
+  bool ignore_memory_plan = false;
+  for (const char* name : {"step", "dump", "audit", "parity", "train", "features", "bench"})
+    app.get_subcommand(name)->add_flag(
+        "--ignore-memory-plan", ignore_memory_plan,
+        "Allocate even when the memory planner says this machine cannot hold the config");
   std::vector<char*> own = own_arguments(argc, argv, launch);
   try {
     app.parse(int(own.size()), own.data());
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
+  harness::set_ignore_memory_plan(ignore_memory_plan);
   try {
     for (auto& [sub, run] : subs.actions)
       if (*sub) return run();

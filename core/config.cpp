@@ -284,7 +284,11 @@ void read_drafter(Section d, const TargetConfig& target, DrafterConfig& c) {
   c.num_hidden_layers = d.integer("num_hidden_layers", std::nullopt);
   c.shape = read_shape(d, &target.shape);
   c.target_layer_ids = d.int_list("target_layer_ids", {});
-  if (!d.has("target_layer_ids") && c.num_hidden_layers >= 1)
+  // The default ids are computed only for a layer count inside its range:
+  // validation reports any other before anything is sized by it.
+  if (!d.has("target_layer_ids") &&
+      config_range("drafter.num_hidden_layers").contains_int(c.num_hidden_layers) &&
+      config_range("target.num_hidden_layers").contains_int(target.num_hidden_layers))
     c.target_layer_ids = default_target_layer_ids(target.num_hidden_layers, c.num_hidden_layers);
   c.init_std = d.number("init_std", 0.02);
   c.norm_init_jitter = d.number("norm_init_jitter", 0.0);
@@ -355,7 +359,8 @@ void read_topology(Section tp, TopologyConfig& c) {
   c.drafter_ranks = tp.int_list("drafter_ranks", {0});
   c.device = tp.string("device", "cpu");
   c.device_memory_gb = tp.number_list("device_memory_gb");
-  if (c.device_memory_gb.size() == 1 && c.world_size > 1)
+  if (c.device_memory_gb.size() == 1 && c.world_size > 1 &&
+      config_range("topology.world_size").contains_int(c.world_size))
     c.device_memory_gb.assign(size_t(c.world_size), c.device_memory_gb[0]);
   c.memory_reserve_gb = tp.number("memory_reserve_gb", 2.0);
   c.timeout_s = tp.number("timeout_s", 60.0);
@@ -465,20 +470,33 @@ namespace {
                                 found.is_null() ? std::string("nothing") : found.dump()));
 }
 
+// An integer of config.json held to the range of the TOML key it fills
+// (target.<key>); JSON integers beyond int64 are refused, not wrapped.
 int64_t hf_int(const nlohmann::json& j, const std::string& file, const char* key,
                std::optional<int64_t> def = std::nullopt) {
   if (!j.contains(key) || j[key].is_null()) {
     if (def) return *def;
     hf_fail(file, key, "an integer (required)", nullptr);
   }
-  if (!j[key].is_number_integer()) hf_fail(file, key, "an integer", j[key]);
-  return j[key].get<int64_t>();
+  const nlohmann::json& v = j[key];
+  const ConfigRange& r = config_range(std::string("target.") + key);
+  const std::string expected = fmt::format("an integer in {} (docs/CONFIG.md)", r.text());
+  if (!v.is_number_integer()) hf_fail(file, key, expected, v);
+  if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX))
+    hf_fail(file, key, expected, v);
+  const int64_t x = v.get<int64_t>();
+  if (!r.contains_int(x)) hf_fail(file, key, expected, v);
+  return x;
 }
 
 double hf_number(const nlohmann::json& j, const std::string& file, const char* key, double def) {
   if (!j.contains(key) || j[key].is_null()) return def;
-  if (!j[key].is_number()) hf_fail(file, key, "a number", j[key]);
-  return j[key].get<double>();
+  const ConfigRange& r = config_range(std::string("target.") + key);
+  const std::string expected = fmt::format("a number in {} (docs/CONFIG.md)", r.text());
+  if (!j[key].is_number()) hf_fail(file, key, expected, j[key]);
+  const double x = j[key].get<double>();
+  if (!r.contains(x)) hf_fail(file, key, expected, j[key]);
+  return x;
 }
 
 void hf_check_architecture(const nlohmann::json& j, const std::string& file) {
@@ -506,9 +524,17 @@ TargetConfig read_hf_config(const std::string& dir) {
   const std::string file = dir + "/config.json";
   std::ifstream in(file, std::ios::binary);
   if (!in) throw ConfigError(fmt::format("{}: cannot open (target.path = \"{}\")", file, dir));
+  std::stringstream text;
+  text << in.rdbuf();
+  TargetConfig c = parse_hf_config(text.str(), file);
+  c.path = dir;
+  return c;
+}
+
+TargetConfig parse_hf_config(const std::string& text, const std::string& file) {
   nlohmann::json j;
   try {
-    in >> j;
+    j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     throw ConfigError(fmt::format("{}: not valid JSON: {}", file, e.what()));
   }
@@ -516,15 +542,12 @@ TargetConfig read_hf_config(const std::string& dir) {
   hf_check_architecture(j, file);
   TargetConfig c;
   c.source = "hf";
-  c.path = dir;
   c.vocab_size = hf_int(j, file, "vocab_size");
   c.num_hidden_layers = hf_int(j, file, "num_hidden_layers");
   LayerShape& s = c.shape;
   s.hidden_size = hf_int(j, file, "hidden_size");
   s.num_attention_heads = hf_int(j, file, "num_attention_heads");
   s.num_key_value_heads = hf_int(j, file, "num_key_value_heads", s.num_attention_heads);
-  if (s.num_attention_heads <= 0)
-    hf_fail(file, "num_attention_heads", "> 0", j["num_attention_heads"]);
   s.head_dim = hf_int(j, file, "head_dim", 128);  // Qwen3Config's default
   s.intermediate_size = hf_int(j, file, "intermediate_size");
   s.rope_theta = hf_number(j, file, "rope_theta", 10000.0);  // Qwen3Config's default

@@ -160,6 +160,21 @@ Config parse_config_json(const nlohmann::json& j, const std::string& label);
 // configs built in code).
 void validate_config(const Config& c);
 
+// The documented range of each number (docs/CONFIG.md lists them; a test
+// holds the two equal). Checked before anything sizes memory by a value.
+struct ConfigRange {
+  const char* key;  // "target.vocab_size"
+  double lo, hi;
+  bool integer;
+  bool lo_open, hi_open;
+  const char* note;
+  bool contains(double v) const;
+  bool contains_int(int64_t v) const;
+  std::string text() const;  // "[2, 16777216]", "(0, 10]"
+};
+const std::vector<ConfigRange>& config_ranges();
+const ConfigRange& config_range(const std::string& key);  // logic_error if none
+
 // The fully resolved config, SPEC.md names, sections as in the TOML.
 nlohmann::json config_to_json(const Config& c);
 std::string config_to_toml(const Config& c);
@@ -167,6 +182,8 @@ std::string config_to_toml(const Config& c);
 // The target fields of a Hugging Face Qwen3 model directory's config.json
 // (architectures must name Qwen3ForCausalLM); errors name the file and key.
 TargetConfig read_hf_config(const std::string& model_dir);
+// The same from config.json's text; `file` names it in messages.
+TargetConfig parse_hf_config(const std::string& text, const std::string& file);
 
 // SPEC.md default tap rule: L = Nd ids spread evenly over [1, Nt-3], rounded
 // half to even like Python's round(); a single tap is layer Nt div 2.

@@ -1,8 +1,13 @@
 // Value and cross-field rules for Config, and its resolved JSON/TOML forms.
+// Every number is held to a documented range (config_ranges(), listed in
+// docs/CONFIG.md) before anything sizes memory by it, and the products that
+// size tensors are checked for int64 overflow.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -10,6 +15,118 @@
 #include "core/config.h"
 
 namespace dflash {
+
+namespace {
+
+constexpr double kNoLimit = std::numeric_limits<double>::infinity();
+
+ConfigRange ints(const char* key, int64_t lo, int64_t hi, const char* why) {
+  return {key, double(lo), double(hi), true, false, false, why};
+}
+ConfigRange reals(const char* key, double lo, double hi, bool lo_open, bool hi_open,
+                  const char* why) {
+  return {key, lo, hi, false, lo_open, hi_open, why};
+}
+
+// Shape rows, once per section (the drafter's default to the target's).
+void add_shape_ranges(std::vector<ConfigRange>& v, bool target) {
+  const char* p = target ? "target." : "drafter.";
+  static std::vector<std::string> keys;  // owns the composed key strings
+  auto k = [&](const char* name) {
+    keys.push_back(std::string(p) + name);
+    return keys.back().c_str();
+  };
+  keys.reserve(32);
+  v.push_back(ints(k("hidden_size"), 1, 65536, "H; 2^16, 8x the largest open models"));
+  v.push_back(ints(k("num_attention_heads"), 1, 1024, "nh"));
+  v.push_back(ints(k("num_key_value_heads"), 1, 1024, "nkv, divides nh"));
+  v.push_back(ints(k("head_dim"), 2, 1024, "hd, even (RoPE rotates halves)"));
+  v.push_back(ints(k("intermediate_size"), 1, 1 << 20, "I"));
+  v.push_back(reals(k("rope_theta"), 0, 1e12, true, false, "RoPE base"));
+  v.push_back(reals(k("rms_norm_eps"), 0, 1, true, false, "RMSNorm epsilon"));
+  v.push_back(reals(k("init_std"), 0, 10, false, false, "fixture init"));
+  v.push_back(reals(k("norm_init_jitter"), 0, 10, false, false, "fixture init"));
+}
+
+std::vector<ConfigRange> make_ranges() {
+  std::vector<ConfigRange> v;
+  v.push_back(ints("target.vocab_size", 2, 1 << 24, "V; 2^24, 64x a 250k vocabulary"));
+  v.push_back(ints("target.num_hidden_layers", 1, 1024, "Nt"));
+  add_shape_ranges(v, true);
+  v.push_back(ints("drafter.num_hidden_layers", 1, 256, "Nd"));
+  add_shape_ranges(v, false);
+  v.push_back(ints("data.batch_size", 1, 65536, "B"));
+  v.push_back(ints("data.seq_len", 2, 1 << 22, "S; 4M tokens"));
+  v.push_back(ints("data.block_size", 2, 4096, "bs"));
+  v.push_back(ints("data.max_anchors", 1, 1 << 20, "N"));
+  v.push_back(ints("data.eval_samples", 0, INT32_MAX, "held-out samples"));
+  v.push_back(ints("data.num_samples", 1, INT32_MAX, "self_distill samples"));
+  v.push_back(reals("loss.ce_weight", 0, 1e6, false, false, ""));
+  v.push_back(reals("loss.kl_weight", 0, 1e6, false, false, ""));
+  v.push_back(reals("loss.temperature", 0, 1e4, true, false, "T"));
+  v.push_back(reals("loss.gamma", 0, 1e6, false, false, "0 = no decay"));
+  v.push_back(ints("loss.chunk_size", 0, 1 << 22, "0 = whole Q"));
+  v.push_back(ints("run.threads", 0, 4096, "0 = OMP_NUM_THREADS or the cores"));
+  v.push_back(ints("optimized.attention_tile", 1, 1 << 20, "key tile"));
+  v.push_back(ints("optimized.target_query_chunk", 0, 1 << 22, "0 = dense"));
+  v.push_back(ints("topology.world_size", 1, 65536, "ranks"));
+  v.push_back(reals("topology.device_memory_gb", 0, 1e6, true, false, "decimal GB per rank"));
+  v.push_back(reals("topology.memory_reserve_gb", 0, 1e6, false, false, "decimal GB"));
+  v.push_back(reals("topology.timeout_s", 0, 1e7, true, false, "seconds"));
+  v.push_back(reals("topology.startup_timeout_s", 0, 1e7, true, false, "seconds"));
+  v.push_back(ints("topology.queue_depth", 1, 1024, "micro-batches"));
+  v.push_back(ints("train.steps", 1, 1'000'000'000'000, ""));
+  v.push_back(ints("train.micro_batches", 1, 65536, ""));
+  v.push_back(reals("train.lr", 0, 10, true, false, ""));
+  v.push_back(ints("train.warmup_steps", 0, 1'000'000'000'000, ""));
+  v.push_back(reals("train.min_lr_ratio", 0, 1, false, false, ""));
+  v.push_back(reals("train.weight_decay", 0, 1e3, false, false, ""));
+  v.push_back(reals("train.clip_norm", 0, 1e9, false, false, "0 = no clipping"));
+  v.push_back(reals("train.beta1", 0, 1, false, true, ""));
+  v.push_back(reals("train.beta2", 0, 1, false, true, ""));
+  v.push_back(ints("train.eval_every", 0, 1'000'000'000'000, "0 = only at the end"));
+  v.push_back(ints("train.eval_batches", 1, 1'000'000, ""));
+  v.push_back(ints("train.checkpoint_every", 0, 1'000'000'000'000, "0 = only at the end"));
+  v.push_back(ints("train.keep_checkpoints", 1, 1'000'000, ""));
+  v.push_back(ints("train.log_every", 1, 1'000'000'000'000, ""));
+  return v;
+}
+
+std::string number_text(double x) {
+  if (std::isinf(x)) return x > 0 ? "inf" : "-inf";
+  if (x == std::floor(x) && std::fabs(x) < 1e15) return fmt::format("{}", int64_t(x));
+  return fmt::format("{}", x);
+}
+
+}  // namespace
+
+bool ConfigRange::contains(double v) const {
+  if (std::isnan(v)) return false;
+  const bool lo_ok = lo_open ? v > lo : v >= lo;
+  const bool hi_ok = hi_open ? v < hi : v <= hi;
+  return lo_ok && hi_ok;
+}
+
+bool ConfigRange::contains_int(int64_t v) const {
+  return v >= int64_t(lo) && v <= int64_t(hi);  // bounds are < 2^53: exact
+}
+
+std::string ConfigRange::text() const {
+  return fmt::format("{}{}, {}{}", lo_open ? "(" : "[", number_text(lo), number_text(hi),
+                     hi_open ? ")" : "]");
+}
+
+const std::vector<ConfigRange>& config_ranges() {
+  static const std::vector<ConfigRange> ranges = make_ranges();
+  return ranges;
+}
+
+const ConfigRange& config_range(const std::string& key) {
+  for (const ConfigRange& r : config_ranges())
+    if (key == r.key) return r;
+  throw std::logic_error("config_range: no range for " + key);
+}
+
 namespace {
 
 class Checker {
@@ -20,14 +137,16 @@ class Checker {
                          const std::string& found) const {
     throw ConfigError(fmt::format("{}: {}: expected {}, found {}", label_, key, expected, found));
   }
-  void at_least(const std::string& key, int64_t v, int64_t lo) const {
-    if (v < lo) fail(key, fmt::format("an integer >= {}", lo), std::to_string(v));
+  // Held to the key's documented range (config_ranges()).
+  void in_range(const std::string& key, int64_t v) const {
+    const ConfigRange& r = config_range(key);
+    if (!r.contains_int(v))
+      fail(key, fmt::format("an integer in {} (docs/CONFIG.md)", r.text()), std::to_string(v));
   }
-  void positive(const std::string& key, double v) const {
-    if (!(v > 0)) fail(key, "a number > 0", fmt::format("{}", v));
-  }
-  void non_negative(const std::string& key, double v) const {
-    if (!(v >= 0)) fail(key, "a number >= 0", fmt::format("{}", v));
+  void in_range(const std::string& key, double v) const {
+    const ConfigRange& r = config_range(key);
+    if (!r.contains(v))
+      fail(key, fmt::format("a number in {} (docs/CONFIG.md)", r.text()), fmt::format("{}", v));
   }
   void one_of(const std::string& key, const std::string& v,
               std::initializer_list<const char*> allowed) const {
@@ -37,19 +156,19 @@ class Checker {
   }
 
   void shape(const std::string& sec, const LayerShape& s) const {
-    at_least(sec + ".hidden_size", s.hidden_size, 1);
-    at_least(sec + ".num_attention_heads", s.num_attention_heads, 1);
-    at_least(sec + ".num_key_value_heads", s.num_key_value_heads, 1);
+    in_range(sec + ".hidden_size", s.hidden_size);
+    in_range(sec + ".num_attention_heads", s.num_attention_heads);
+    in_range(sec + ".num_key_value_heads", s.num_key_value_heads);
     if (s.num_attention_heads % s.num_key_value_heads != 0)
       fail(sec + ".num_attention_heads",
            fmt::format("a multiple of {}.num_key_value_heads ({})", sec, s.num_key_value_heads),
            std::to_string(s.num_attention_heads));
-    at_least(sec + ".head_dim", s.head_dim, 2);
+    in_range(sec + ".head_dim", s.head_dim);
     if (s.head_dim % 2 != 0)
       fail(sec + ".head_dim", "an even number (RoPE rotates halves)", std::to_string(s.head_dim));
-    at_least(sec + ".intermediate_size", s.intermediate_size, 1);
-    positive(sec + ".rope_theta", s.rope_theta);
-    positive(sec + ".rms_norm_eps", s.rms_norm_eps);
+    in_range(sec + ".intermediate_size", s.intermediate_size);
+    in_range(sec + ".rope_theta", s.rope_theta);
+    in_range(sec + ".rms_norm_eps", s.rms_norm_eps);
   }
 
   void ranks(const std::string& key, const std::vector<int64_t>& r, int64_t world) const {
@@ -69,14 +188,14 @@ class Checker {
 void check_model(const Checker& ck, const Config& c) {
   const auto& t = c.target;
   ck.one_of("target.source", t.source, {"fixture", "hf"});
-  ck.at_least("target.vocab_size", t.vocab_size, 2);
-  ck.at_least("target.num_hidden_layers", t.num_hidden_layers, 1);
+  ck.in_range("target.vocab_size", t.vocab_size);
+  ck.in_range("target.num_hidden_layers", t.num_hidden_layers);
   ck.shape("target", t.shape);
-  ck.non_negative("target.init_std", t.init_std);
-  ck.non_negative("target.norm_init_jitter", t.norm_init_jitter);
+  ck.in_range("target.init_std", t.init_std);
+  ck.in_range("target.norm_init_jitter", t.norm_init_jitter);
 
   const auto& d = c.drafter;
-  ck.at_least("drafter.num_hidden_layers", d.num_hidden_layers, 1);
+  ck.in_range("drafter.num_hidden_layers", d.num_hidden_layers);
   ck.shape("drafter", d.shape);
   if (d.shape.hidden_size != t.shape.hidden_size)
     ck.fail("drafter.hidden_size",
@@ -86,6 +205,10 @@ void check_model(const Checker& ck, const Config& c) {
             std::to_string(d.shape.hidden_size));
   if (d.target_layer_ids.empty())
     ck.fail("drafter.target_layer_ids", "at least one tapped layer", "an empty list");
+  if (int64_t(d.target_layer_ids.size()) > t.num_hidden_layers)
+    ck.fail("drafter.target_layer_ids",
+            fmt::format("at most target.num_hidden_layers = {} ids", t.num_hidden_layers),
+            fmt::format("{} ids", d.target_layer_ids.size()));
   for (int64_t id : d.target_layer_ids)
     if (id < 0 || id >= t.num_hidden_layers)
       ck.fail("drafter.target_layer_ids",
@@ -93,8 +216,8 @@ void check_model(const Checker& ck, const Config& c) {
                           "rule spreads them over [1, Nt-3], so small targets need explicit ids)",
                           t.num_hidden_layers, t.num_hidden_layers),
               fmt::format("[{}]", fmt::join(d.target_layer_ids, ", ")));
-  ck.non_negative("drafter.init_std", d.init_std);
-  ck.non_negative("drafter.norm_init_jitter", d.norm_init_jitter);
+  ck.in_range("drafter.init_std", d.init_std);
+  ck.in_range("drafter.norm_init_jitter", d.norm_init_jitter);
 }
 
 // data.input_ids / data.loss_mask: present exactly when source = "inline",
@@ -133,15 +256,15 @@ void check_data_loss_run(const Checker& ck, const Config& c) {
   if (!needs_path && !d.path.empty())
     ck.fail("data.path", "no path unless data.source is jsonl, shards or features",
             "\"" + d.path + "\"");
-  ck.at_least("data.eval_samples", d.eval_samples, 0);
-  ck.at_least("data.num_samples", d.num_samples, 1);
+  ck.in_range("data.eval_samples", d.eval_samples);
+  ck.in_range("data.num_samples", d.num_samples);
   if (d.source == "self_distill" && (d.prompt_len < 1 || d.prompt_len > d.seq_len - 2))
     ck.fail("data.prompt_len", fmt::format("in [1, data.seq_len - 2 = {}]", d.seq_len - 2),
             std::to_string(d.prompt_len));
-  ck.at_least("data.batch_size", d.batch_size, 1);
-  ck.at_least("data.seq_len", d.seq_len, 2);
-  ck.at_least("data.block_size", d.block_size, 2);
-  ck.at_least("data.max_anchors", d.max_anchors, 1);
+  ck.in_range("data.batch_size", d.batch_size);
+  ck.in_range("data.seq_len", d.seq_len);
+  ck.in_range("data.block_size", d.block_size);
+  ck.in_range("data.max_anchors", d.max_anchors);
   if (d.mask_token_id < 0 || d.mask_token_id >= c.target.vocab_size)
     ck.fail("data.mask_token_id",
             fmt::format("a token id in [0, target.vocab_size = {})", c.target.vocab_size),
@@ -150,42 +273,40 @@ void check_data_loss_run(const Checker& ck, const Config& c) {
   check_inline_rows(ck, c);
 
   const auto& l = c.loss;
-  ck.non_negative("loss.ce_weight", l.ce_weight);
-  ck.non_negative("loss.kl_weight", l.kl_weight);
+  ck.in_range("loss.ce_weight", l.ce_weight);
+  ck.in_range("loss.kl_weight", l.kl_weight);
   if (l.ce_weight == 0 && l.kl_weight == 0)
     ck.fail("loss.ce_weight", "ce_weight or kl_weight > 0 (the loss would be identically 0)",
             "both 0");
-  ck.positive("loss.temperature", l.temperature);
-  ck.non_negative("loss.gamma", l.gamma);
-  ck.at_least("loss.chunk_size", l.chunk_size, 0);
+  ck.in_range("loss.temperature", l.temperature);
+  ck.in_range("loss.gamma", l.gamma);
+  ck.in_range("loss.chunk_size", l.chunk_size);
 
-  ck.at_least("run.threads", c.run.threads, 0);
-  ck.at_least("optimized.attention_tile", c.optimized.attention_tile, 1);
-  ck.at_least("optimized.target_query_chunk", c.optimized.target_query_chunk, 0);
+  ck.in_range("run.threads", c.run.threads);
+  ck.in_range("optimized.attention_tile", c.optimized.attention_tile);
+  ck.in_range("optimized.target_query_chunk", c.optimized.target_query_chunk);
 }
 
 void check_train(const Checker& ck, const TrainConfig& t) {
-  ck.at_least("train.steps", t.steps, 1);
-  ck.at_least("train.micro_batches", t.micro_batches, 1);
-  ck.positive("train.lr", t.lr);
-  ck.at_least("train.warmup_steps", t.warmup_steps, 0);
-  if (t.min_lr_ratio < 0 || t.min_lr_ratio > 1)
-    ck.fail("train.min_lr_ratio", "a number in [0, 1]", fmt::format("{}", t.min_lr_ratio));
-  ck.non_negative("train.weight_decay", t.weight_decay);
-  ck.non_negative("train.clip_norm", t.clip_norm);
-  for (auto [key, b] : {std::pair<const char*, double>{"train.beta1", t.beta1},
-                        std::pair<const char*, double>{"train.beta2", t.beta2}})
-    if (b < 0 || b >= 1) ck.fail(key, "a number in [0, 1)", fmt::format("{}", b));
-  ck.at_least("train.eval_every", t.eval_every, 0);
-  ck.at_least("train.eval_batches", t.eval_batches, 1);
-  ck.at_least("train.checkpoint_every", t.checkpoint_every, 0);
-  ck.at_least("train.keep_checkpoints", t.keep_checkpoints, 1);
-  ck.at_least("train.log_every", t.log_every, 1);
+  ck.in_range("train.steps", t.steps);
+  ck.in_range("train.micro_batches", t.micro_batches);
+  ck.in_range("train.lr", t.lr);
+  ck.in_range("train.warmup_steps", t.warmup_steps);
+  ck.in_range("train.min_lr_ratio", t.min_lr_ratio);
+  ck.in_range("train.weight_decay", t.weight_decay);
+  ck.in_range("train.clip_norm", t.clip_norm);
+  ck.in_range("train.beta1", t.beta1);
+  ck.in_range("train.beta2", t.beta2);
+  ck.in_range("train.eval_every", t.eval_every);
+  ck.in_range("train.eval_batches", t.eval_batches);
+  ck.in_range("train.checkpoint_every", t.checkpoint_every);
+  ck.in_range("train.keep_checkpoints", t.keep_checkpoints);
+  ck.in_range("train.log_every", t.log_every);
 }
 
 void check_topology(const Checker& ck, const Config& c) {
   const auto& tp = c.topology;
-  ck.at_least("topology.world_size", tp.world_size, 1);
+  ck.in_range("topology.world_size", tp.world_size);
   ck.one_of("topology.device", tp.device, {"cpu", "cuda"});
   ck.ranks("topology.target_ranks", tp.target_ranks, tp.world_size);
   ck.ranks("topology.drafter_ranks", tp.drafter_ranks, tp.world_size);
@@ -203,17 +324,57 @@ void check_topology(const Checker& ck, const Config& c) {
       ck.fail("topology.world_size", "every rank to be a target or a drafter rank",
               fmt::format("world_size {} but {} ranks assigned", tp.world_size, all.size()));
   }
-  ck.non_negative("topology.memory_reserve_gb", tp.memory_reserve_gb);
-  ck.positive("topology.timeout_s", tp.timeout_s);
-  ck.positive("topology.startup_timeout_s", tp.startup_timeout_s);
-  ck.at_least("topology.queue_depth", tp.queue_depth, 1);
+  ck.in_range("topology.memory_reserve_gb", tp.memory_reserve_gb);
+  ck.in_range("topology.timeout_s", tp.timeout_s);
+  ck.in_range("topology.startup_timeout_s", tp.startup_timeout_s);
+  ck.in_range("topology.queue_depth", tp.queue_depth);
   if (!tp.device_memory_gb.empty()) {
     if (int64_t(tp.device_memory_gb.size()) != tp.world_size)
       ck.fail("topology.device_memory_gb",
               fmt::format("one number, or one per rank ({})", tp.world_size),
               fmt::format("{} numbers", tp.device_memory_gb.size()));
-    for (double g : tp.device_memory_gb) ck.positive("topology.device_memory_gb", g);
+    for (double g : tp.device_memory_gb) ck.in_range("topology.device_memory_gb", g);
   }
+}
+
+// The products that size tensors, computed in long double so that they
+// cannot wrap: every element count must stay below 2^60 (its float64 bytes
+// then fit int64), and the model below 2^40 parameters.
+void check_products(const Checker& ck, const Config& c) {
+  using LD = long double;
+  auto layer = [](const LayerShape& s) {
+    const LD H = s.hidden_size, q = LD(s.num_attention_heads) * s.head_dim,
+             kv = LD(s.num_key_value_heads) * s.head_dim;
+    return 2 * H * q + 2 * H * kv + 3 * H * s.intermediate_size + 2 * H + 2 * LD(s.head_dim);
+  };
+  const auto& t = c.target;
+  const LD H = t.shape.hidden_size, V = t.vocab_size;
+  const LD params = V * H * (t.tie_word_embeddings ? 1 : 2) + t.num_hidden_layers * layer(t.shape) +
+                    c.drafter.num_hidden_layers * layer(c.drafter.shape) + c.num_taps() * H * H;
+  if (params > LD(1ull << 40))
+    ck.fail("parameters", "at most 2^40 (V*H*2 + Nt*layer(target) + Nd*layer(drafter) + L*H*H)",
+            fmt::format("{:.3g}", double(params)));
+  const auto& d = c.data;
+  const LD B = d.batch_size, S = d.seq_len, Q = LD(d.max_anchors) * d.block_size;
+  const LD chunk =
+      c.optimized.target_query_chunk > 0 ? std::min<LD>(c.optimized.target_query_chunk, S) : S;
+  const struct {
+    const char* what;
+    LD elements;
+  } sizes[] = {
+      {"target logits B*S*V", B * S * V},
+      {"draft logits B*Q*V (Q = max_anchors*block_size)", B * Q * V},
+      {"target attention scores B*nh*chunk*S", B * t.shape.num_attention_heads * chunk * S},
+      {"drafter attention scores B*nh*Q*(S+Q)",
+       B * c.drafter.shape.num_attention_heads * Q * (S + Q)},
+  };
+  for (const auto& s : sizes)
+    if (s.elements >= LD(1ull << 60))
+      ck.fail("data.batch_size",
+              fmt::format("tensor sizes below 2^60 elements ({} would be {:.3g})", s.what,
+                          double(s.elements)),
+              fmt::format("B = {}, S = {}, Q = {}, V = {}", d.batch_size, d.seq_len, int64_t(Q),
+                          t.vocab_size));
 }
 
 }  // namespace
@@ -224,6 +385,7 @@ void validate_config(const Config& c) {
   check_data_loss_run(ck, c);
   check_topology(ck, c);
   check_train(ck, c.train);
+  check_products(ck, c);
 }
 
 namespace {

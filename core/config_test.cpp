@@ -5,7 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <fstream>
+#include <iterator>
 
 namespace dflash {
 namespace {
@@ -53,6 +55,16 @@ std::string with(const std::string& key, const std::string& line, const std::str
   return s.substr(0, p) + line + "\n" + s.substr(p);
 }
 
+// kBase with each (old, new) substring replaced once.
+std::string replaced(std::string s, std::vector<std::pair<std::string, std::string>> edits) {
+  for (const auto& [from, to] : edits) {
+    const size_t p = s.find(from);
+    if (p == std::string::npos) throw std::logic_error("no " + from);
+    s.replace(p, from.size(), to);
+  }
+  return s;
+}
+
 std::string error_of(const std::string& text) {
   try {
     parse_config_toml(text, "case.toml");
@@ -87,7 +99,7 @@ INSTANTIATE_TEST_SUITE_P(
                  "target.num_attention_heads", "multiple of target.num_key_value_heads"},
         Rejected{"head_dim_odd", with("head_dim", "head_dim = 7"), "target.head_dim", "even"},
         Rejected{"block_size_below_2", with("block_size", "block_size = 1"), "data.block_size",
-                 ">= 2"},
+                 "an integer in [2, 4096]"},
         Rejected{"mask_id_outside_vocab", with("mask_token_id", "mask_token_id = 64"),
                  "data.mask_token_id", "[0, target.vocab_size = 64)"},
         Rejected{"unknown_key", with("", "hiden_size = 3", "drafter"), "drafter.hiden_size",
@@ -97,9 +109,10 @@ INSTANTIATE_TEST_SUITE_P(
         Rejected{"wrong_type", with("batch_size", "batch_size = \"two\""), "data.batch_size",
                  "an integer"},
         Rejected{"missing_required", with("vocab_size", "# none"), "target.vocab_size", "required"},
-        Rejected{"non_positive_size", with("seq_len", "seq_len = 1"), "data.seq_len", ">= 2"},
+        Rejected{"non_positive_size", with("seq_len", "seq_len = 1"), "data.seq_len",
+                 "[2, 4194304]"},
         Rejected{"zero_heads", with("num_key_value_heads", "num_key_value_heads = 0"),
-                 "target.num_key_value_heads", ">= 1"},
+                 "target.num_key_value_heads", "[1, 1024]"},
         Rejected{"unknown_dtype", with("seed", "seed = 7\ndtype = \"float16\""), "run.dtype",
                  "float32"},
         Rejected{"negative_seed", with("seed", "seed = -1"), "run.seed", ">= 0"},
@@ -110,15 +123,15 @@ INSTANTIATE_TEST_SUITE_P(
         Rejected{"drafter_hidden_mismatch", with("", "hidden_size = 16", "drafter"),
                  "drafter.hidden_size", "target.hidden_size (32)"},
         Rejected{"temperature_not_positive", with("kl_weight", "kl_weight = 0.5\ntemperature = 0"),
-                 "loss.temperature", "> 0"},
+                 "loss.temperature", "(0, 10000]"},
         Rejected{"negative_gamma", with("kl_weight", "kl_weight = 0.5\ngamma = -1.0"), "loss.gamma",
-                 ">= 0"},
+                 "[0, 1000000]"},
         Rejected{"negative_weight", with("kl_weight", "kl_weight = -0.5"), "loss.kl_weight",
-                 ">= 0"},
+                 "[0, 1000000]"},
         Rejected{"both_weights_zero", with("kl_weight", "kl_weight = 0\nce_weight = 0"),
                  "loss.ce_weight", "both 0"},
         Rejected{"negative_chunk", with("kl_weight", "kl_weight = 0.5\nchunk_size = -2"),
-                 "loss.chunk_size", ">= 0"},
+                 "loss.chunk_size", "[0, 4194304]"},
         Rejected{"not_finite", with("kl_weight", "kl_weight = nan"), "loss.kl_weight", "finite"},
         Rejected{"rank_out_of_range",
                  with("", "world_size = 2\ntarget_ranks = [0]\ndrafter_ranks = [2]", "topology"),
@@ -141,7 +154,7 @@ INSTANTIATE_TEST_SUITE_P(
         Rejected{"unknown_device", with("", "device = \"tpu\"", "topology"), "topology.device",
                  "\"cpu\""},
         Rejected{"tile_not_positive", with("", "attention_tile = 0", "optimized"),
-                 "optimized.attention_tile", ">= 1"},
+                 "optimized.attention_tile", "[1, 1048576]"},
         Rejected{"switch_not_bool", with("", "chunked_loss = 1", "optimized"),
                  "optimized.chunked_loss", "true or false"},
         Rejected{"inline_rows_without_inline_source", with("", "input_ids = [[1, 2]]", "data"),
@@ -157,7 +170,7 @@ INSTANTIATE_TEST_SUITE_P(
                  "self_distill"},
         Rejected{"prompt_too_long", with("", "source = \"self_distill\"\nprompt_len = 15", "data"),
                  "data.prompt_len", "[1, data.seq_len - 2 = 14]"},
-        Rejected{"lr_not_positive", with("", "lr = 0.0", "train"), "train.lr", "> 0"},
+        Rejected{"lr_not_positive", with("", "lr = 0.0", "train"), "train.lr", "(0, 10]"},
         Rejected{"beta_of_one", with("", "beta2 = 1.0", "train"), "train.beta2", "[0, 1)"},
         Rejected{"min_lr_ratio_above_one", with("", "min_lr_ratio = 1.5", "train"),
                  "train.min_lr_ratio", "[0, 1]"},
@@ -168,6 +181,30 @@ INSTANTIATE_TEST_SUITE_P(
         Rejected{"hf_directory_missing",
                  with("", "source = \"hf\"\npath = \"/nonexistent/model\"", "target"),
                  "/nonexistent/model/config.json", "cannot open"},
+        // Issue 14: numbers with extra digits are refused by their range before
+        // anything is sized by them (the default tap ids once took Nd ids).
+        Rejected{"layers_with_extra_digits",
+                 replaced(kBase, {{"[drafter]\nnum_hidden_layers = 2",
+                                   "[drafter]\nnum_hidden_layers = 4294967297"}}),
+                 "drafter.num_hidden_layers", "[1, 256]"},
+        Rejected{"heads_of_a_million", with("num_attention_heads", "num_attention_heads = 1000000"),
+                 "target.num_attention_heads", "[1, 1024]"},
+        Rejected{"vocab_too_large", with("vocab_size", "vocab_size = 16777217"),
+                 "target.vocab_size", "[2, 16777216]"},
+        Rejected{"world_size_huge_with_one_memory_figure",
+                 with("", "world_size = 4294967297\ndevice_memory_gb = 80.0", "topology"),
+                 "topology.world_size", "[1, 65536]"},
+        Rejected{"eps_not_below_one", with("", "rms_norm_eps = 2.0", "drafter"),
+                 "drafter.rms_norm_eps", "(0, 1]"},
+        Rejected{"parameters_beyond_2_to_40",
+                 replaced(kBase, {{"vocab_size = 64", "vocab_size = 16777216"},
+                                  {"hidden_size = 32", "hidden_size = 65536"}}),
+                 "parameters", "at most 2^40"},
+        Rejected{"tensor_beyond_2_to_60_elements",
+                 replaced(kBase, {{"vocab_size = 64", "vocab_size = 16777216"},
+                                  {"batch_size = 2", "batch_size = 65536"},
+                                  {"seq_len = 16", "seq_len = 4194304"}}),
+                 "data.batch_size", "target logits B*S*V"},
         Rejected{"not_toml", "[target\nvocab_size = 3", "line 1", "not valid TOML"}),
     [](const ::testing::TestParamInfo<Rejected>& i) { return std::string(i.param.name); });
 
@@ -234,6 +271,76 @@ TEST(Config, ShippedConfigsValidate) {
   EXPECT_EQ(seed.data.max_anchors * seed.data.block_size, 32768);  // Q
   EXPECT_EQ(seed.data.seq_len + 32768, 81920);                     // key span
   EXPECT_EQ(seed.drafter.target_layer_ids, (std::vector<int64_t>{1, 16, 31, 46, 61}));
+}
+
+// docs/CONFIG.md lists every range the code holds a number to, as the code
+// formats it (on a mismatch the message is the table to paste).
+TEST(Config, DocsListEveryRange) {
+  const std::string root =
+      std::getenv("DFLASH_SOURCE_DIR") ? std::getenv("DFLASH_SOURCE_DIR") : ".";
+  std::ifstream in(root + "/docs/CONFIG.md");
+  ASSERT_TRUE(in) << root << "/docs/CONFIG.md";
+  const std::string doc((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string table, missing;
+  for (const ConfigRange& r : config_ranges()) {
+    const std::string row = std::string("| `") + r.key + "` | " + r.text() + " | " + r.note + " |";
+    table += row + "\n";
+    if (doc.find(row + "\n") == std::string::npos) missing += row + "\n";
+  }
+  EXPECT_TRUE(missing.empty()) << "docs/CONFIG.md lacks:\n" << missing << "\nthe table:\n" << table;
+}
+
+// A range check on each side of a bound, for an integer and a half-open
+// real range: the messages name file, key, range and value.
+TEST(Config, RangesHoldAtTheirBounds) {
+  const ConfigRange& v = config_range("target.vocab_size");
+  EXPECT_TRUE(v.contains_int(2) && v.contains_int(1 << 24));
+  EXPECT_FALSE(v.contains_int(1) || v.contains_int((1 << 24) + 1));
+  const ConfigRange& b = config_range("train.beta2");
+  EXPECT_TRUE(b.contains(0.0) && b.contains(0.999));
+  EXPECT_FALSE(b.contains(1.0) || b.contains(-1e-9) || b.contains(std::nan("")));
+  EXPECT_EQ(b.text(), "[0, 1)");
+  const std::string msg = error_of(replaced(kBase, {{"vocab_size = 64", "vocab_size = 16777217"}}));
+  EXPECT_NE(msg.find("case.toml: target.vocab_size: expected an integer in [2, 16777216] "
+                     "(docs/CONFIG.md), found 16777217"),
+            std::string::npos)
+      << msg;
+}
+
+// config.json from another tool: every number held to the range of the key
+// it fills; integers beyond int64 are refused, not wrapped to negatives.
+TEST(Config, HfConfigNumbersAreHeldToTheirRanges) {
+  const std::string base = R"({"architectures": ["Qwen3ForCausalLM"], "vocab_size": 64,
+      "num_hidden_layers": 4, "hidden_size": 32, "num_attention_heads": 4,
+      "num_key_value_heads": 2, "head_dim": 8, "intermediate_size": 48, "rope_theta": 1e6})";
+  EXPECT_EQ(parse_hf_config(base, "m/config.json").vocab_size, 64);
+  struct Case {
+    const char* from;
+    const char* to;
+    const char* expected;
+  };
+  for (const Case& k : {
+           Case{"\"vocab_size\": 64", "\"vocab_size\": 18446744073709551615",
+                "vocab_size: expected an integer in [2, 16777216] (docs/CONFIG.md), found "
+                "18446744073709551615"},
+           Case{"\"num_hidden_layers\": 4", "\"num_hidden_layers\": 4294967297",
+                "num_hidden_layers: expected an integer in [1, 1024]"},
+           Case{"\"head_dim\": 8", "\"head_dim\": -8",
+                "head_dim: expected an integer in [2, 1024]"},
+           Case{"\"rope_theta\": 1e6", "\"rope_theta\": -1.0",
+                "rope_theta: expected a number in (0"},
+           Case{"\"hidden_size\": 32", "\"hidden_size\": 32.5", "hidden_size: expected an integer"},
+       }) {
+    std::string text = base;
+    text.replace(text.find(k.from), std::string(k.from).size(), k.to);
+    try {
+      parse_hf_config(text, "m/config.json");
+      ADD_FAILURE() << "accepted " << k.to;
+    } catch (const ConfigError& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find(std::string("m/config.json: ") + k.expected), std::string::npos) << msg;
+    }
+  }
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include "core/alloc_probe.h"
 #include "core/safetensors.h"
 #include "fixtures/fixtures.h"
+#include "harness/memory_guard.h"
 #include "optimized/chunked_loss.h"
 #include "optimized/sparse_attention.h"
 #include "optimized/step.h"
@@ -131,6 +132,7 @@ class StepCase : public BenchCase {
     cfg_.loss = {1.0, 0.5, 1.0, 7.0, quick ? 64 : 256};
     cfg_.optimized.checkpoint_layers = true;
     validate_config(cfg_);
+    guard_memory(cfg_, Workload::kReferenceStep, "dflash bench");
     target_ = fixtures::make_target(cfg_);
     drafter_ = fixtures::make_drafter(cfg_);
     in_ = fixtures::make_step_inputs(cfg_, target_, 0);

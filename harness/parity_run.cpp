@@ -5,12 +5,14 @@
 #include <chrono>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "core/safetensors.h"
 #include "core/text.h"
 #include "fixtures/fixtures.h"
 #include "harness/audit.h"
 #include "harness/error_ratios.h"
+#include "harness/memory_guard.h"
 #include "harness/parity.h"
 #include "harness/properties.h"
 #include "harness/zoo.h"
@@ -140,6 +142,7 @@ int reproduce(const ParityOptions& o) {
     return report.empty() ? 0 : 1;
   }
   const Config c = load_config(o.reproduce);
+  guard_memory(c, Workload::kReferenceStep, "dflash parity --reproduce");
   fmt::print("replaying {} ({}) against {}\n", o.reproduce, config_size(c), against);
   const ComparisonReport rep = step_parity(candidate(o), c);
   fmt::print("{}{}\n", rep.format(), rep.ok() ? "parity: ok" : "parity: FAILED");
@@ -196,6 +199,12 @@ int run_parity(const ParityOptions& o) {
     if (!o.json.empty()) safetensors::write_file_atomic(o.json, json + "\n");
     return 0;
   }
+  // A user config is checked (values, then memory) before minutes of properties.
+  std::optional<Config> user;
+  if (!o.config.empty()) {
+    user = load_config(o.config);
+    guard_memory(*user, Workload::kReferenceStep, "dflash parity --config");
+  }
   const PropertyRun run{o.cases, o.seed};
   std::vector<CheckRow> rows;
   property_rows(o, run, &rows);
@@ -207,10 +216,9 @@ int run_parity(const ParityOptions& o) {
   progress("audit");
   rows.push_back(audit_row("audit.reference", reference::drafter_step, audit_cfg));
   rows.push_back(audit_row("audit.optimized", optimized::drafter_step, audit_cfg));
-  if (!o.config.empty()) {
-    const Config user = load_config(o.config);
-    rows.push_back(audit_row("audit.reference[" + o.config + "]", reference::drafter_step, user));
-    rows.push_back(audit_row("audit.optimized[" + o.config + "]", optimized::drafter_step, user));
+  if (user) {
+    rows.push_back(audit_row("audit.reference[" + o.config + "]", reference::drafter_step, *user));
+    rows.push_back(audit_row("audit.optimized[" + o.config + "]", optimized::drafter_step, *user));
   }
   progress("memory ceilings");
   auto t0 = std::chrono::steady_clock::now();
@@ -238,6 +246,8 @@ int run_parity(const ParityOptions& o) {
 
 int run_audit(const std::string& path, const std::string& build) {
   const Config c = load_config(path);
+  guard_memory(c, build == "optimized" ? Workload::kStep : Workload::kReferenceStep,
+               "dflash audit");
   const TargetWeights target = fixtures::make_target(c);
   const DrafterWeights w = fixtures::make_drafter(c);
   const StepInputs in = fixtures::make_step_inputs(c, target, 0);

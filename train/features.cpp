@@ -17,6 +17,7 @@
 
 #include "core/safetensors.h"
 #include "core/step.h"
+#include "harness/memory_guard.h"
 #include "optimized/target.h"
 #include "reference/target.h"
 #include "train/data.h"
@@ -172,6 +173,7 @@ int write_features(const std::string& config, const std::string& out_dir, int64_
   const fs::path final_dir = out.parent_path();
   if (fs::exists(final_dir))
     throw DataError(fmt::format("{}: already exists; not overwriting it", final_dir.string()));
+  harness::guard_memory(c, harness::Workload::kFeatures, "dflash features");
   configure_threads(c.run.threads);
   const TargetWeights target = load_target(c);
   const DataSplit data = load_data(c, &target);

@@ -16,6 +16,7 @@
 #include "core/safetensors.h"
 #include "core/step.h"
 #include "fixtures/fixtures.h"
+#include "harness/memory_guard.h"
 #include "harness/preflight.h"
 #include "harness/step_dump.h"
 #include "optimized/step.h"
@@ -346,6 +347,7 @@ RunSummary train_run(const Config& c, const RunOptions& o) {
 int run_training(const RunOptions& o) {
   const char* ws = std::getenv("WORLD_SIZE");
   const Config c = resolve_config(o);
+  harness::guard_memory(c, harness::Workload::kTrain, "dflash train");
   configure_threads(c.run.threads);
   if (ws && std::atoll(ws) > 1) return detail::run_split(c, o);
   check_cpu_device(c);

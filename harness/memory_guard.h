@@ -1,0 +1,44 @@
+// The memory guard: every command that builds model-sized tensors asks the
+// planner what it is about to allocate and compares that with what this
+// machine (or the configured device) offers, before allocating anything.
+// A config the machine cannot hold stops with the figures, not with an OOM
+// kill minutes later (issue 14). `--ignore-memory-plan` overrides it.
+#pragma once
+
+#include <string>
+
+#include "core/config.h"
+
+namespace dflash::harness {
+
+enum class Workload {
+  kStep,           // one target forward + one optimized drafter step (step, audit)
+  kReferenceStep,  // the same through the reference build (full logits, dense attention)
+  kTrain,          // the training run: every rank's plan, with optimizer state
+  kFeatures,       // the target forward alone (dflash features)
+};
+
+struct MemoryBudget {
+  bool fits = true;
+  double need = 0;   // bytes, the planner's estimate for this process (or this host)
+  double have = 0;   // bytes the machine or device offers, reserve subtracted
+  std::string text;  // the figures, one line each; says what overrides
+};
+
+// Bytes this host can give now: MemAvailable of /proc/meminfo (physical
+// memory where that cannot be read).
+double available_host_bytes();
+
+// The planner's estimate for `w` against `capacity` bytes (the host's or a
+// device's). Pure: no allocation proportional to the config.
+MemoryBudget memory_budget(const Config& c, Workload w, double capacity);
+
+// Throws std::runtime_error with memory_budget's text when the config does
+// not fit (after set_ignore_memory_plan(true) it prints a warning to stderr
+// instead). `command` names the command in the message ("dflash step").
+void guard_memory(const Config& c, Workload w, const std::string& command);
+
+// `--ignore-memory-plan` on the command line (process-wide, set by cli/main).
+void set_ignore_memory_plan(bool ignore);
+
+}  // namespace dflash::harness

@@ -1,0 +1,91 @@
+// The memory guard: the planner's estimate against what is offered, before
+// anything is allocated (issue 14). The CLI side (every command refusing a
+// config too big for this host, fast and small) is cli.hostile_configs.
+#include "harness/memory_guard.h"
+
+#include <gtest/gtest.h>
+
+#include "core/config.h"
+#include "fixtures/fixtures.h"
+#include "harness/planner.h"
+
+namespace dflash::harness {
+namespace {
+
+// A 55B-parameter fixture model: valid, and no test machine holds it.
+Config big_config() {
+  Config c = fixtures::micro_config();
+  c.path = "big.toml";
+  c.target.vocab_size = 262144;
+  c.target.num_hidden_layers = 64;
+  c.target.shape = {8192, 64, 8, 128, 28672, 1e6, 1e-6};
+  c.drafter.shape = c.target.shape;
+  c.data.mask_token_id = c.target.vocab_size - 1;
+  validate_config(c);
+  return c;
+}
+
+TEST(MemoryGuard, BudgetIsThePlannersPeakAgainstCapacityMinusReserve) {
+  const Config c = fixtures::micro_config();
+  Config local = c;
+  local.topology = TopologyConfig{};
+  const double peak = plan_memory(local, configured_variant(local), true).ranks[0].peak;
+  const double reserve = c.topology.memory_reserve_gb * 1e9;
+  const MemoryBudget fits = memory_budget(c, Workload::kStep, reserve + peak * 1.01);
+  EXPECT_TRUE(fits.fits) << fits.text;
+  EXPECT_DOUBLE_EQ(fits.need, peak);
+  EXPECT_NEAR(fits.have, peak * 1.01, 1.0);
+  EXPECT_FALSE(memory_budget(c, Workload::kStep, reserve + peak * 0.99).fits);
+}
+
+TEST(MemoryGuard, ReferenceStepNeedsMoreThanTheOptimizedAndFeaturesLess) {
+  const Config c = big_config();
+  const double opt = memory_budget(c, Workload::kStep, 1e15).need;
+  const double ref = memory_budget(c, Workload::kReferenceStep, 1e15).need;
+  const double feat = memory_budget(c, Workload::kFeatures, 1e15).need;
+  EXPECT_GT(opt, 100e9);  // 55B parameters in fp32 alone are 220 GB
+  EXPECT_GT(ref, opt);    // full logits and dense attention
+  EXPECT_LT(feat, opt);   // the target forward alone
+  const MemoryBudget b = memory_budget(c, Workload::kStep, 24e9);
+  EXPECT_FALSE(b.fits);
+  EXPECT_NE(b.text.find("needs an estimated"), std::string::npos) << b.text;
+  EXPECT_NE(b.text.find("largest item target weights"), std::string::npos) << b.text;
+}
+
+// Under `dflash launch` on a CPU host every rank allocates from the same
+// memory: the training budget is the sum of the ranks' plans, not the largest.
+TEST(MemoryGuard, CpuSplitTrainingIsHeldToTheSumOfItsRanks) {
+  const std::string root =
+      std::getenv("DFLASH_SOURCE_DIR") ? std::getenv("DFLASH_SOURCE_DIR") : ".";
+  const Config c = load_config(root + "/fixtures/configs/dist-1x2.toml");
+  ASSERT_EQ(c.topology.device, "cpu");
+  const Plan p = plan_memory(c, configured_variant(c), true);
+  double sum = 0;
+  for (const RankPlan& r : p.ranks) sum += r.peak;
+  EXPECT_DOUBLE_EQ(memory_budget(c, Workload::kTrain, 1e15).need, sum);
+}
+
+TEST(MemoryGuard, RefusesWithTheFiguresUnlessIgnored) {
+  Config c = big_config();
+  c.topology.device = "cuda";  // held to the configured device, not this host
+  c.topology.device_memory_gb = {80.0};
+  try {
+    guard_memory(c, Workload::kStep, "dflash step");
+    FAIL() << "a 55B model was allowed onto an 80 GB device";
+  } catch (const std::runtime_error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("dflash step: big.toml: does not fit"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("offered 78.00 GB (80.00 GB minus topology.memory_reserve_gb 2.00 GB)"),
+              std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find("--ignore-memory-plan"), std::string::npos) << msg;
+  }
+  set_ignore_memory_plan(true);
+  EXPECT_NO_THROW(guard_memory(c, Workload::kStep, "dflash step"));
+  set_ignore_memory_plan(false);
+  c.topology.device_memory_gb = {1000.0};
+  EXPECT_NO_THROW(guard_memory(c, Workload::kStep, "dflash step"));
+}
+
+}  // namespace
+}  // namespace dflash::harness
