@@ -20,7 +20,8 @@ sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"
 
 install_debian_packages() {
-  local pkgs=(g++ cmake ninja-build ccache lld python3 python3-venv
+  # clang and libclang-rt-14-dev: the libFuzzer build of ci/fuzz.sh (nightly).
+  local pkgs=(g++ cmake ninja-build ccache lld python3 python3-venv clang libclang-rt-14-dev
               librapidcheck-dev libgtest-dev libgmock-dev googletest libbenchmark-dev
               libfmt-dev libgloo-dev libcli11-dev libtomlplusplus-dev nlohmann-json3-dev)
   local missing=() p
@@ -100,8 +101,20 @@ if [ "${1:-}" = "--check" ]; then
   exit 1
 fi
 
+# Python packages beside torch in the same environment: `safetensors` (the
+# reference implementation) for the interop test cli.safetensors_interop.
+# (numpy is what the package converts through.)
+install_python_extras() {
+  "$torch_env/bin/python" -c "import safetensors, numpy, sys
+sys.exit(safetensors.__version__ != '0.8.0' or numpy.__version__ != '2.4.6')" 2>/dev/null && return 0
+  echo "bootstrap: installing safetensors==0.8.0 numpy==2.4.6 into $torch_env"
+  "$torch_env/bin/pip" install --disable-pip-version-check -q safetensors==0.8.0 numpy==2.4.6 \
+    > /tmp/dflash-pip.log 2>&1 || { tail -20 /tmp/dflash-pip.log; exit 1; }
+}
+
 install_debian_packages
 install_torch
+install_python_extras
 
 # Configure once (again when the cache is missing or points at another torch),
 # then build.

@@ -29,6 +29,8 @@ case "$case_name" in
     "$dflash" train --help | grep -q -- "--resume"
     "$dflash" report --help | grep -q -- "run_dir"
     "$dflash" env --help | grep -q -- "--json"
+    "$dflash" inspect --help | grep -q -- "--json"
+    "$dflash" step --help | grep -q -- "--ignore-memory-plan"
     "$dflash" preflight --help | grep -q -- "--plan-for-another-machine"
     for sub in step dump validate audit plan preflight train features; do
       "$dflash" "$sub" --help | grep -q -- "--config" || { echo "$sub --help lacks --config"; exit 1; }

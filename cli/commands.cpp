@@ -1,6 +1,7 @@
 #include "cli/commands.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <chrono>
 #include <cstdio>
@@ -153,6 +154,41 @@ int cmd_bench(const BenchArgs& a) {
   }
   configure_threads(a.threads);
   return harness::run_bench({a.cases, a.quick, a.repeats, a.json});
+}
+
+namespace {
+// FNV-1a 64 of a tensor's bytes (row-major): a checksum other tools can
+// recompute in a few lines (ci/safetensors_interop.py does).
+uint64_t fnv1a64(const at::Tensor& t) {
+  const at::Tensor c = t.contiguous();
+  const auto* p = static_cast<const uint8_t*>(c.data_ptr());
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0, n = size_t(c.nbytes()); i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+}  // namespace
+
+int cmd_inspect(const InspectArgs& a) {
+  const safetensors::File f = safetensors::read(a.file);
+  nlohmann::json j = {
+      {"file", a.file}, {"metadata", f.metadata}, {"tensors", nlohmann::json::array()}};
+  fmt::print("{}: {} tensors, {} metadata keys\n", a.file, f.tensors.size(), f.metadata.size());
+  for (const auto& [name, t] : f.tensors) {
+    const std::string hash = fmt::format("{:016x}", fnv1a64(t));
+    j["tensors"].push_back({{"name", name},
+                            {"dtype", safetensors::dtype_code(t.scalar_type())},
+                            {"shape", t.sizes().vec()},
+                            {"fnv1a64", hash}});
+    fmt::print("  {:<40} {:<5} {:<20} {}\n", name, safetensors::dtype_code(t.scalar_type()),
+               fmt::format("[{}]", fmt::join(t.sizes(), ", ")), hash);
+  }
+  for (const auto& [k, v] : f.metadata)
+    fmt::print("  __metadata__.{} = {}\n", k, v.size() > 60 ? v.substr(0, 57) + "..." : v);
+  if (a.json == "-")
+    fmt::print("{}\n", j.dump(1));
+  else if (!a.json.empty())
+    safetensors::write_file_atomic(a.json, j.dump(1) + "\n");
+  return 0;
 }
 
 int cmd_env(const EnvArgs& a) {

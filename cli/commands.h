@@ -48,6 +48,13 @@ struct LaunchArgs {
 };
 int cmd_launch(const LaunchArgs& a);
 
+struct InspectArgs {
+  std::string file;
+  std::string json;  // --json F ("-" = stdout)
+};
+// A safetensors file's tensors (dtype, shape, FNV-1a 64 of the bytes) and metadata.
+int cmd_inspect(const InspectArgs& a);
+
 struct EnvArgs {
   std::string json;        // --json F ("-" = stdout)
   bool no_kernel = false;  // --no-kernel: skip the per-device probe kernel

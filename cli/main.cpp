@@ -227,6 +227,14 @@ void add_train_and_launch(CLI::App& app, Subcommands& subs, LaunchArgs& launch) 
   });
 }
 
+void add_inspect(CLI::App& app, Subcommands& subs) {
+  auto a = std::make_shared<InspectArgs>();
+  auto* i = app.add_subcommand("inspect", "List a safetensors file's tensors and metadata");
+  i->add_option("file", a->file, "A .safetensors file")->required();
+  i->add_option("--json", a->json, "Also write the listing as JSON (- for stdout)");
+  subs.add(i, [a] { return cmd_inspect(*a); });
+}
+
 void add_env(CLI::App& app, Subcommands& subs) {
   auto a = std::make_shared<EnvArgs>();
   auto* e = app.add_subcommand("env",
@@ -267,6 +275,7 @@ int main(int argc, char** argv) {
   add_plan_and_preflight(app, subs);
   add_train_and_launch(app, subs, launch);
   add_env(app, subs);
+  add_inspect(app, subs);
   // Commands that build model-sized tensors check the planner's estimate
   // first (harness/memory_guard.h); this flag lets them allocate anyway.
   bool ignore_memory_plan = false;

@@ -60,6 +60,25 @@ foreach(case bad_config hostile_configs optimized_step bench_smoke parity parity
     WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
   set_tests_properties(cli.${case} PROPERTIES LABELS quick)
 endforeach()
+# safetensors files written by the reference implementation (the `safetensors`
+# package in the torch environment) read by dflash, and the reverse.
+# The python of libtorch's own environment (a reconfigure finds torch through
+# the cached Torch_DIR and leaves DFLASH_TORCH_PYTHON unset).
+set(dflash_test_python "${DFLASH_TORCH_PYTHON}")
+get_filename_component(dflash_env_python "${DFLASH_TORCH_ROOT}/../../../../bin/python" ABSOLUTE)
+if(NOT dflash_test_python AND EXISTS "${dflash_env_python}")
+  set(dflash_test_python "${dflash_env_python}")
+endif()
+if(dflash_test_python)
+  add_test(NAME cli.safetensors_interop
+    COMMAND ${dflash_test_python} ${PROJECT_SOURCE_DIR}/ci/safetensors_interop.py
+            $<TARGET_FILE:dflash> ${CMAKE_BINARY_DIR}/safetensors-interop
+    WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+  set_tests_properties(cli.safetensors_interop PROPERTIES LABELS quick)
+else()
+  message(WARNING "cli.safetensors_interop needs DFLASH_TORCH_PYTHON (a python with torch and "
+                  "safetensors); not registered")
+endif()
 set_tests_properties(cli.dump_then_step_from_is_bitwise cli.every_subcommand_has_help
   PROPERTIES LABELS quick)
 

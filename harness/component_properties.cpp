@@ -98,12 +98,36 @@ struct CaseReader {
                                            std::is_same_v<T, std::string> ? "string" : "number"));
     return *v;
   }
-  // A (rows, cols) table of integers as a tensor of `dt`.
-  at::Tensor rows(const char* key, int64_t rows, int64_t cols, at::ScalarType dt) const {
+  // An integer held to [lo, hi]: a replay file is input, and its sizes are
+  // checked before anything is allocated by them.
+  int64_t dim(const char* key, int64_t lo, int64_t hi) const {
+    const int64_t v = get<int64_t>(key);
+    if (v < lo || v > hi)
+      throw std::runtime_error(fmt::format("{}: case.{}: expected an integer in [{}, {}], found {}",
+                                           label, key, lo, hi, v));
+    return v;
+  }
+  double real(const char* key, double lo, double hi) const {
+    const double v = get<double>(key);
+    if (!(v >= lo && v <= hi))
+      throw std::runtime_error(fmt::format("{}: case.{}: expected a number in [{}, {}], found {}",
+                                           label, key, lo, hi, v));
+    return v;
+  }
+  // The largest tensor a case builds stays below 2^24 elements.
+  void cap(const char* what, long double elements) const {
+    if (elements > (1 << 24))
+      throw std::runtime_error(
+          fmt::format("{}: case: {} would hold {:.3g} elements; a replayed case holds at most 2^24",
+                      label, what, double(elements)));
+  }
+  // A (rows, cols) table of integers in [lo, hi] as a tensor of `dt`.
+  at::Tensor rows(const char* key, int64_t rows, int64_t cols, at::ScalarType dt, int64_t lo,
+                  int64_t hi) const {
     const toml::array* a = t[key].as_array();
-    at::Tensor out = at::zeros({rows, cols}, at::kLong);
     if (!a || int64_t(a->size()) != rows)
       throw std::runtime_error(fmt::format("{}: case.{} must be {} rows", label, key, rows));
+    at::Tensor out = at::zeros({rows, cols}, at::kLong);
     for (int64_t b = 0; b < rows; ++b) {
       const toml::array* r = (*a)[size_t(b)].as_array();
       if (!r || int64_t(r->size()) != cols)
@@ -111,9 +135,9 @@ struct CaseReader {
             fmt::format("{}: case.{}[{}] must hold {} integers", label, key, b, cols));
       for (int64_t j = 0; j < cols; ++j) {
         const auto v = (*r)[size_t(j)].value<int64_t>();
-        if (!v)
-          throw std::runtime_error(
-              fmt::format("{}: case.{}[{}][{}] is not an integer", label, key, b, j));
+        if (!v || *v < lo || *v > hi)
+          throw std::runtime_error(fmt::format(
+              "{}: case.{}[{}][{}]: expected an integer in [{}, {}]", label, key, b, j, lo, hi));
         out[b][j] = *v;
       }
     }
@@ -140,21 +164,25 @@ std::string loss_case_toml(const LossCase& c) {
 
 LossCase loss_case_from(const CaseReader& r) {
   LossCase c;
-  c.B = r.get<int64_t>("B");
-  c.S = r.get<int64_t>("S");
-  c.H = r.get<int64_t>("H");
-  c.V = r.get<int64_t>("V");
-  c.cfg.data.block_size = r.get<int64_t>("block_size");
-  c.cfg.data.max_anchors = r.get<int64_t>("max_anchors");
-  c.cfg.loss.chunk_size = r.get<int64_t>("chunk_size");
-  c.cfg.loss.ce_weight = r.get<double>("ce_weight");
-  c.cfg.loss.kl_weight = r.get<double>("kl_weight");
-  c.cfg.loss.temperature = r.get<double>("temperature");
-  c.cfg.loss.gamma = r.get<double>("gamma");
+  c.B = r.dim("B", 1, 256);
+  c.S = r.dim("S", 2, 4096);
+  c.H = r.dim("H", 1, 4096);
+  c.V = r.dim("V", 2, 65536);
+  c.cfg.data.block_size = r.dim("block_size", 2, 256);
+  c.cfg.data.max_anchors = r.dim("max_anchors", 1, 1024);
+  c.cfg.loss.chunk_size = r.dim("chunk_size", 0, 4096);
+  c.cfg.loss.ce_weight = r.real("ce_weight", 0, 1e6);
+  c.cfg.loss.kl_weight = r.real("kl_weight", 0, 1e6);
+  c.cfg.loss.temperature = r.real("temperature", 1e-6, 1e4);
+  c.cfg.loss.gamma = r.real("gamma", 0, 1e6);
   c.cfg.run.dtype = r.dtype();
-  c.seed = uint64_t(r.get<int64_t>("seed"));
-  c.upstream = r.get<double>("upstream");
-  c.mask = r.rows("loss_mask", c.B, c.S, at::kBool);
+  c.seed = uint64_t(r.dim("seed", 0, INT64_MAX));
+  c.upstream = r.real("upstream", -1e6, 1e6);
+  const long double Q = (long double)c.cfg.data.max_anchors * c.cfg.data.block_size;
+  r.cap("the hidden states and logits (B*S*max(H, V))",
+        (long double)c.B * c.S * std::max(c.H, c.V));
+  r.cap("the draft logits (B*Q*max(H, V))", c.B * Q * std::max(c.H, c.V));
+  c.mask = r.rows("loss_mask", c.B, c.S, at::kBool, 0, 1);
   c.ids = at::randint(c.V, {c.B, c.S}, at::make_generator<at::CPUGeneratorImpl>(c.seed), at::kLong);
   return c;
 }
@@ -275,18 +303,25 @@ std::string attention_case_toml(const AttnCase& c) {
 
 AttnCase attention_case_from(const CaseReader& r) {
   AttnCase c;
-  c.B = r.get<int64_t>("B");
-  c.S = r.get<int64_t>("S");
-  c.N = r.get<int64_t>("N");
-  c.bs = r.get<int64_t>("block_size");
-  c.nkv = r.get<int64_t>("nkv");
-  c.G = r.get<int64_t>("group");
-  c.hd = r.get<int64_t>("head_dim");
-  c.tile = r.get<int64_t>("tile");
+  c.B = r.dim("B", 1, 256);
+  c.S = r.dim("S", 2, 4096);
+  c.N = r.dim("N", 0, 1024);
+  c.bs = r.dim("block_size", 2, 256);
+  c.nkv = r.dim("nkv", 1, 64);
+  c.G = r.dim("group", 1, 64);
+  c.hd = r.dim("head_dim", 2, 512);
+  c.tile = r.dim("tile", 1, 4096);
   c.dtype = r.dtype();
-  c.seed = uint64_t(r.get<int64_t>("seed"));
-  c.a.anchors = c.N ? r.rows("anchors", c.B, c.N, at::kLong) : at::zeros({c.B, 0}, at::kLong);
-  c.a.keep = c.N ? r.rows("keep", c.B, c.N, at::kBool) : at::zeros({c.B, 0}, at::kBool);
+  c.seed = uint64_t(r.dim("seed", 0, INT64_MAX));
+  r.cap("the queries and keys (B*nh*(S+Q)*head_dim)",
+        (long double)c.B * c.nkv * c.G * (c.S + c.N * c.bs) * c.hd);
+  r.cap("the scores (B*nh*Q*(S+Q))",
+        (long double)c.B * c.nkv * c.G * c.N * c.bs * (c.S + c.N * c.bs));
+  // Anchors in [0, S-2] (SPEC.md's candidates): out of range one would index
+  // past the context keys.
+  c.a.anchors =
+      c.N ? r.rows("anchors", c.B, c.N, at::kLong, 0, c.S - 2) : at::zeros({c.B, 0}, at::kLong);
+  c.a.keep = c.N ? r.rows("keep", c.B, c.N, at::kBool, 0, 1) : at::zeros({c.B, 0}, at::kBool);
   return c;
 }
 
@@ -345,8 +380,9 @@ std::string checkpoint_case_toml(const CkptCase& c) {
 }
 
 CkptCase checkpoint_case_from(const CaseReader& r) {
-  return {r.get<int64_t>("rows"), r.get<int64_t>("width"), r.get<int64_t>("dropout") != 0,
-          uint64_t(r.get<int64_t>("seed"))};
+  const int64_t rows = r.dim("rows", 1, 4096), width = r.dim("width", 1, 4096);
+  r.cap("the region (rows*width, width*width)", (long double)std::max(rows, width) * width);
+  return {rows, width, r.dim("dropout", 0, 1) != 0, uint64_t(r.dim("seed", 0, INT64_MAX))};
 }
 
 std::string check_checkpoint_case(const CheckpointImpl& candidate, const CkptCase& c,
@@ -433,25 +469,56 @@ std::string case_component(const std::string& toml_text) {
   }
 }
 
-std::string replay_component_case(const std::string& toml_text, const std::string& label,
-                                  const ComponentImpls& impls, std::string* size) {
-  toml::table t;
+namespace {
+
+// The file's [case] table (root kept alive by the caller).
+const toml::table& case_table(const toml::table& root, const std::string& label) {
+  const toml::table* c = root["case"].as_table();
+  if (!c) throw std::runtime_error(fmt::format("{}: no [case] table", label));
+  return *c;
+}
+
+toml::table parse_case_file(const std::string& toml_text, const std::string& label) {
   try {
-    t = toml::parse(toml_text, label);
+    return toml::parse(toml_text, label);
   } catch (const toml::parse_error& e) {
     throw std::runtime_error(fmt::format("{}: not valid TOML: {}", label, e.description()));
   }
-  const toml::table* c = t["case"].as_table();
-  if (!c) throw std::runtime_error(fmt::format("{}: no [case] table", label));
-  const CaseReader r{*c, label};
+}
+
+[[noreturn]] void unknown_component(const std::string& label, const std::string& component) {
+  throw std::runtime_error(fmt::format(
+      "{}: case.component \"{}\" is not loss, attention or checkpoint", label, component));
+}
+
+}  // namespace
+
+std::string validate_component_case(const std::string& toml_text, const std::string& label) {
+  const toml::table root = parse_case_file(toml_text, label);
+  const CaseReader r{case_table(root, label), label};
+  const std::string component = r.get<std::string>("component");
+  if (component == "loss")
+    loss_case_from(r);
+  else if (component == "attention")
+    attention_case_from(r);
+  else if (component == "checkpoint")
+    checkpoint_case_from(r);
+  else
+    unknown_component(label, component);
+  return component;
+}
+
+std::string replay_component_case(const std::string& toml_text, const std::string& label,
+                                  const ComponentImpls& impls, std::string* size) {
+  const toml::table root = parse_case_file(toml_text, label);
+  const CaseReader r{case_table(root, label), label};
   const std::string component = r.get<std::string>("component");
   if (component == "loss") return check_loss_case(impls.loss, loss_case_from(r), size);
   if (component == "attention")
     return check_attention_case(impls.attention, attention_case_from(r), size);
   if (component == "checkpoint")
     return check_checkpoint_case(impls.checkpoint, checkpoint_case_from(r), size);
-  throw std::runtime_error(fmt::format(
-      "{}: case.component \"{}\" is not loss, attention or checkpoint", label, component));
+  unknown_component(label, component);
 }
 
 }  // namespace dflash::harness

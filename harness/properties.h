@@ -65,6 +65,10 @@ struct ComponentImpls {
 };
 // The component a counterexample text names, "" for a step config.
 std::string case_component(const std::string& toml_text);
+// Parses and checks one component case (sizes bounded, anchors, masks and
+// keep in range) without running it; returns the component. Throws
+// std::runtime_error naming file and key on a malformed or oversized case.
+std::string validate_component_case(const std::string& toml_text, const std::string& label);
 // Replays one component case against `impls`: "" when it passes, else the
 // comparison report. Throws on a malformed file, naming file and key.
 std::string replay_component_case(const std::string& toml_text, const std::string& label,

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <regex>
 #include <set>
+#include <sstream>
 
 #include "core/safetensors.h"
 #include "train/hf.h"
@@ -80,18 +81,6 @@ bool cadence_key(const std::string& k) {
   return kFree.count(k) > 0;
 }
 
-nlohmann::json read_json(const fs::path& p) {
-  std::ifstream in(p);
-  if (!in) throw CheckpointError(fmt::format("{}: cannot open", p.string()));
-  try {
-    nlohmann::json j;
-    in >> j;
-    return j;
-  } catch (const nlohmann::json::exception& e) {
-    throw CheckpointError(fmt::format("{}: not valid JSON: {}", p.string(), e.what()));
-  }
-}
-
 }  // namespace
 
 nlohmann::json drafter_config_json(const Config& c) {
@@ -149,23 +138,45 @@ std::optional<std::string> latest_checkpoint(const std::string& run_dir) {
   return all.back().second.string();
 }
 
-Checkpoint read_checkpoint(const std::string& dir) {
-  Checkpoint ck;
-  ck.dir = dir;
-  const nlohmann::json st = read_json(fs::path(dir) / "trainer_state.json");
-  for (const char* k : {"step", "cursor", "optimizer_steps", "config"})
-    if (!st.contains(k))
-      throw CheckpointError(fmt::format("{}/trainer_state.json: {}: missing", dir, k));
-  if (!st["step"].is_number_integer() || !st["cursor"].is_number_integer() ||
-      !st["optimizer_steps"].is_number_integer() || !st["config"].is_object())
+void parse_trainer_state(const std::string& text, const std::string& label, Checkpoint& ck) {
+  nlohmann::json st;
+  try {
+    st = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw CheckpointError(fmt::format("{}: not valid JSON: {}", label, e.what()));
+  }
+  if (!st.is_object())
     throw CheckpointError(
-        fmt::format("{}/trainer_state.json: step, cursor, optimizer_steps: "
-                    "expected integers and config an object",
-                    dir));
+        fmt::format("{}: expected a JSON object, found {}", label, st.type_name()));
+  for (const char* k : {"step", "cursor", "optimizer_steps", "config"})
+    if (!st.contains(k)) throw CheckpointError(fmt::format("{}: {}: missing", label, k));
+  for (const char* k : {"step", "cursor", "optimizer_steps"})
+    if (!st[k].is_number_integer() ||
+        (st[k].is_number_unsigned() && st[k].get<uint64_t>() > INT64_MAX) ||
+        st[k].get<int64_t>() < 0)
+      throw CheckpointError(
+          fmt::format("{}: {}: expected an integer >= 0, found {}", label, k, st[k].dump()));
+  if (!st["config"].is_object())
+    throw CheckpointError(
+        fmt::format("{}: config: expected an object, found {}", label, st["config"].type_name()));
+  if (st.contains("threads") && !st["threads"].is_number_integer())
+    throw CheckpointError(
+        fmt::format("{}: threads: expected an integer, found {}", label, st["threads"].dump()));
   ck.state = {st["step"].get<int64_t>(), st["cursor"].get<int64_t>()};
   ck.config = st["config"];
   ck.config["__optimizer_steps"] = st["optimizer_steps"];
-  ck.threads = st.value("threads", 0);
+  ck.threads = int(std::clamp<int64_t>(st.value("threads", int64_t(0)), 0, 4096));
+}
+
+Checkpoint read_checkpoint(const std::string& dir) {
+  Checkpoint ck;
+  ck.dir = dir;
+  const fs::path state = fs::path(dir) / "trainer_state.json";
+  std::ifstream in(state, std::ios::binary);
+  if (!in) throw CheckpointError(fmt::format("{}: cannot open", state.string()));
+  std::stringstream text;
+  text << in.rdbuf();
+  parse_trainer_state(text.str(), state.string(), ck);
   auto read_into = [&](const char* file, std::map<std::string, at::Tensor>& dst) {
     const safetensors::File f = safetensors::read((fs::path(dir) / file).string());
     for (const auto& [n, t] : f.tensors) dst[n] = t;

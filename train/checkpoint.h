@@ -54,6 +54,9 @@ struct Checkpoint {
   std::map<std::string, at::Tensor> params, moments;
 };
 Checkpoint read_checkpoint(const std::string& dir);
+// trainer_state.json's text into ck.state, ck.config, ck.threads; `label`
+// names the file in messages.
+void parse_trainer_state(const std::string& text, const std::string& label, Checkpoint& ck);
 
 // Refuses a checkpoint written by a different config (model, data, loss,
 // optimizer settings), naming the first differing key. Cadence keys

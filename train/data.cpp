@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "core/batch.h"
 #include "core/safetensors.h"
@@ -173,8 +174,15 @@ std::string shape_text(at::IntArrayRef shape) {
 }
 
 Dataset read_jsonl(const Config& c, const std::string& path) {
-  std::ifstream in(path);
+  std::ifstream in(path, std::ios::binary);
   if (!in) throw DataError(fmt::format("{}: cannot open data file (data.path)", path));
+  std::stringstream text;
+  text << in.rdbuf();
+  return parse_jsonl(c, text.str(), path);
+}
+
+Dataset parse_jsonl(const Config& c, const std::string& text, const std::string& path) {
+  std::istringstream in(text);
   std::vector<std::vector<int64_t>> all_ids, all_mask;
   std::string line;
   for (int64_t lineno = 1; std::getline(in, line); ++lineno) {

@@ -46,6 +46,8 @@ struct Dataset {
 // Pre-tokenised JSONL; errors name the file and line. Ids must be in
 // [0, vocab) and not the mask token.
 Dataset read_jsonl(const Config& c, const std::string& path);
+// The same from the file's text; `path` names it in messages.
+Dataset parse_jsonl(const Config& c, const std::string& text, const std::string& path);
 // A directory of *.safetensors shards (or the ones index.json lists).
 Dataset read_shards(const Config& c, const std::string& dir);
 // `dflash features` output; `split` is "train" or "eval". Checks the

@@ -1,0 +1,17 @@
+// A checkpoint's manifest, trainer_state.json (train/checkpoint.cpp): a
+// clean CheckpointError or a state with non-negative counters.
+#include <stdexcept>
+
+#include "fuzz/fuzz.h"
+#include "train/checkpoint.h"
+
+DFLASH_FUZZ_TARGET({
+  dflash::train::Checkpoint ck;
+  try {
+    dflash::train::parse_trainer_state(input, "trainer_state.json", ck);
+  } catch (const dflash::train::CheckpointError&) {
+    return 0;
+  }
+  if (ck.state.step < 0 || ck.state.cursor < 0 || !ck.config.is_object())
+    throw std::logic_error("trainer_state.json accepted a negative counter");
+})
