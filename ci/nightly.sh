@@ -3,7 +3,9 @@
 # property cases and fresh seeds (printed, so a failure can be replayed:
 # DFLASH_CASES=... DFLASH_SEED=... ctest -R <test>), then `dflash parity`
 # at 20x its default case count with the same seed, then the mutation runner
-# (ci/mutants.sh: every mutant of ci/mutants.toml killed).
+# (ci/mutants.sh: every mutant of ci/mutants.toml killed), the fuzz targets
+# for 3 minutes each (ci/fuzz.sh) and the quick suite under ASan + UBSan
+# (ci/sanitize.sh). docs/RELIABILITY.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ci/bootstrap.sh
@@ -16,3 +18,6 @@ build/dflash parity --cases 4000 --seed "$seed" --json build/nightly-parity.json
   --junit build/nightly-parity.xml --out-dir build
 # Mutation testing of the real sources: every mutant must be killed.
 ci/mutants.sh --json build/nightly-mutants.json
+# Every parser fuzzed, then the quick suite under the sanitizers.
+ci/fuzz.sh "${DFLASH_FUZZ_SECONDS:-180}"
+ci/sanitize.sh

@@ -471,7 +471,7 @@ namespace {
 }
 
 // An integer of config.json held to the range of the TOML key it fills
-// (target.<key>); JSON integers beyond int64 are refused, not wrapped.
+// (target.<key>); JSON integers beyond int64 are refused, not used wrapped.
 int64_t hf_int(const nlohmann::json& j, const std::string& file, const char* key,
                std::optional<int64_t> def = std::nullopt) {
   if (!j.contains(key) || j[key].is_null()) {
@@ -482,9 +482,7 @@ int64_t hf_int(const nlohmann::json& j, const std::string& file, const char* key
   const ConfigRange& r = config_range(std::string("target.") + key);
   const std::string expected = fmt::format("an integer in {} (docs/CONFIG.md)", r.text());
   if (!v.is_number_integer()) hf_fail(file, key, expected, v);
-  if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX))
-    hf_fail(file, key, expected, v);
-  const int64_t x = v.get<int64_t>();
+  const int64_t x = v.get<int64_t>();  // beyond int64 wraps negative: out of every range
   if (!r.contains_int(x)) hf_fail(file, key, expected, v);
   return x;
 }

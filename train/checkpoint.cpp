@@ -150,10 +150,9 @@ void parse_trainer_state(const std::string& text, const std::string& label, Chec
         fmt::format("{}: expected a JSON object, found {}", label, st.type_name()));
   for (const char* k : {"step", "cursor", "optimizer_steps", "config"})
     if (!st.contains(k)) throw CheckpointError(fmt::format("{}: {}: missing", label, k));
+  // An integer beyond int64 reads back negative and is refused with the rest.
   for (const char* k : {"step", "cursor", "optimizer_steps"})
-    if (!st[k].is_number_integer() ||
-        (st[k].is_number_unsigned() && st[k].get<uint64_t>() > INT64_MAX) ||
-        st[k].get<int64_t>() < 0)
+    if (!st[k].is_number_integer() || st[k].get<int64_t>() < 0)
       throw CheckpointError(
           fmt::format("{}: {}: expected an integer >= 0, found {}", label, k, st[k].dump()));
   if (!st["config"].is_object())
