@@ -61,6 +61,7 @@ std::vector<ConfigRange> make_ranges() {
   v.push_back(ints("data.max_anchors", 1, 1 << 20, "N"));
   v.push_back(ints("data.eval_samples", 0, INT32_MAX, "held-out samples"));
   v.push_back(ints("data.num_samples", 1, INT32_MAX, "self_distill samples"));
+  v.push_back(ints("data.prompt_len", 1, 1 << 22, "self_distill: also <= seq_len - 2"));
   v.push_back(reals("loss.ce_weight", 0, 1e6, false, false, ""));
   v.push_back(reals("loss.kl_weight", 0, 1e6, false, false, ""));
   v.push_back(reals("loss.temperature", 0, 1e4, true, false, "T"));
@@ -258,6 +259,7 @@ void check_data_loss_run(const Checker& ck, const Config& c) {
             "\"" + d.path + "\"");
   ck.in_range("data.eval_samples", d.eval_samples);
   ck.in_range("data.num_samples", d.num_samples);
+  ck.in_range("data.prompt_len", d.prompt_len);
   if (d.source == "self_distill" && (d.prompt_len < 1 || d.prompt_len > d.seq_len - 2))
     ck.fail("data.prompt_len", fmt::format("in [1, data.seq_len - 2 = {}]", d.seq_len - 2),
             std::to_string(d.prompt_len));
