@@ -49,6 +49,24 @@ TEST(Safetensors, RoundTripEveryDtype) {
   EXPECT_EQ(f.meta("config"), "{\"a\": 1}");
 }
 
+// No tensors and no metadata: the header is "{}" (it was "null", which the
+// reader rightly refuses; found by fuzz_safetensors' round trip).
+TEST(Safetensors, EmptyFileRoundTrips) {
+  const std::string bytes = serialize({}, {});
+  EXPECT_EQ(bytes.substr(8, 2), "{}");
+  const File f = parse(bytes, "empty");
+  EXPECT_TRUE(f.tensors.empty());
+  EXPECT_TRUE(f.metadata.empty());
+}
+
+// A zero-size tensor whose leading dimensions alone would need more bytes
+// than the file holds is still valid (it was refused when it came first).
+TEST(Safetensors, ZeroSizeTensorWithLargeLeadingDimensionsIsRead) {
+  const File f = parse(serialize({{"e", at::empty({1000, 7, 0}, at::kBFloat16)}}, {}), "zero");
+  ASSERT_EQ(f.tensors.size(), 1u);
+  EXPECT_EQ(f.tensors[0].second.sizes(), (std::vector<int64_t>{1000, 7, 0}));
+}
+
 TEST(Safetensors, DataIsAlignedAndLittleEndian) {
   const std::string b = serialize({{"x", at::tensor({1.0f, 2.0f})}}, {});
   uint64_t n;

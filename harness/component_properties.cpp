@@ -5,6 +5,7 @@
 #include <rapidcheck.h>
 #include <toml++/toml.h>
 
+#include <optional>
 #include <sstream>
 
 #include "harness/parity.h"
@@ -90,12 +91,21 @@ std::string rows_toml(const at::Tensor& t) {
 struct CaseReader {
   const toml::table& t;
   std::string label;
+  // Integers must be TOML integers (value_exact): toml++'s converting
+  // value<int64_t>() casts an out-of-range float such as 1e41 with undefined
+  // behaviour (found by fuzz_counterexample under UBSan).
   template <typename T>
   T get(const char* key) const {
-    const auto v = t[key].value<T>();
+    std::optional<T> v;
+    if constexpr (std::is_integral_v<T>)
+      v = t[key].template value_exact<T>();
+    else
+      v = t[key].template value<T>();
     if (!v)
-      throw std::runtime_error(fmt::format("{}: case.{} is missing or not a {}", label, key,
-                                           std::is_same_v<T, std::string> ? "string" : "number"));
+      throw std::runtime_error(fmt::format(
+          "{}: case.{} is missing or not {}", label, key,
+          std::is_same_v<T, std::string> ? "a string"
+                                         : (std::is_integral_v<T> ? "an integer" : "a number")));
     return *v;
   }
   // An integer held to [lo, hi]: a replay file is input, and its sizes are
@@ -134,7 +144,7 @@ struct CaseReader {
         throw std::runtime_error(
             fmt::format("{}: case.{}[{}] must hold {} integers", label, key, b, cols));
       for (int64_t j = 0; j < cols; ++j) {
-        const auto v = (*r)[size_t(j)].value<int64_t>();
+        const auto v = (*r)[size_t(j)].value_exact<int64_t>();
         if (!v || *v < lo || *v > hi)
           throw std::runtime_error(fmt::format(
               "{}: case.{}[{}][{}]: expected an integer in [{}, {}]", label, key, b, j, lo, hi));

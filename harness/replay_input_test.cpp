@@ -58,6 +58,10 @@ TEST(ReplayInput, SizesAnchorsAndMasksAreChecked) {
                 "case.B: expected an integer in [1, 256], found 1000000000"},
            Case{with(with(att, "S = 7", "S = 4096"), "head_dim = 8", "head_dim = 512"),
                 "a replayed case holds at most 2^24"},
+           // A float where an integer belongs: refused, never cast (1e41 overflows
+           // int64; fuzz/corpus/counterexample/regression-float-size.toml).
+           Case{with(att, "B = 2", "B = 1e41"), "case.B is missing or not an integer"},
+           Case{with(att, "B = 2", "B = 2.0"), "case.B is missing or not an integer"},
            Case{with(att, "component = \"attention\"", "component = \"lm_head\""),
                 "is not loss, attention or checkpoint"},
            Case{with(seed("checkpoint.toml"), "width = 1", "width = 5000"),
