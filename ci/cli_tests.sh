@@ -48,9 +48,9 @@ case "$case_name" in
   hostile_configs)
     # Issue 14: the two hostile configs fail in their range check, and a valid
     # config too big for this host is refused by every command that builds
-    # weights before it allocates. Time and peak RSS are judged against
-    # `validate` of tiny.toml in this run: loading libtorch and its CUDA
-    # libraries alone costs ~0.9 s and ~470 MB of RSS. A 6 GB address-space
+    # weights before it allocates, each within 1 s and 200 MB of peak RSS
+    # (a CPU command starts at ~0.4 s and ~120 MB: libtorch_cuda is loaded
+    # only when CUDA is wanted, core/env.h). A 6 GB address-space
     # limit keeps a guard that is missing from eating the machine (not under
     # ASan, whose shadow memory needs terabytes of address space).
     [ -n "${DFLASH_SANITIZED:-}" ] || ulimit -v 6000000
@@ -63,9 +63,13 @@ case "$case_name" in
       read -r secs kb < <(tail -1 "$tmp/time")
       echo "dflash $*: ${secs} s, ${kb} KB: $(head -c 300 "$tmp/out")"
       grep -qF -- "$want" "$tmp/out" || { echo "expected: $want"; exit 1; }
-      awk -v s="$secs" -v k="$kb" -v s0="$base_s" -v k0="$base_kb" \
+      # Within 1 s and 200 MB of RSS (libtorch_cuda is not loaded by CPU
+      # commands); under ASan, whose runtime alone exceeds that, within the
+      # baseline + 1 s / + 200 MB.
+      if [ -n "${DFLASH_SANITIZED:-}" ]; then s0=$base_s; k0=$base_kb; else s0=0; k0=0; fi
+      awk -v s="$secs" -v k="$kb" -v s0="$s0" -v k0="$k0" \
         'BEGIN { exit !(s <= s0 + 1.0 && k <= k0 + 200000) }' ||
-        { echo "over baseline + 1 s / + 200 MB (${base_s} s, ${base_kb} KB)"; exit 1; }
+        { echo "over ${s0} + 1 s / ${k0} + 200000 KB (baseline ${base_s} s, ${base_kb} KB)"; exit 1; }
     }
     /usr/bin/time -f "%e %M" -o "$tmp/time" "$dflash" validate --config "$tiny" > /dev/null
     read -r base_s base_kb < <(tail -1 "$tmp/time")

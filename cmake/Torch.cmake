@@ -73,10 +73,19 @@ message(STATUS "dflash: libtorch ${Torch_VERSION} from ${DFLASH_TORCH_ROOT}")
 # and c10. Deliberately not ${TORCH_LIBRARIES}: torch's CMake appends the
 # CUDA driver stub (libcuda.so) and nvrtc, and a binary that needs
 # libcuda.so.1 does not start on a machine without the NVIDIA driver.
+#
+# libtorch_cuda is not linked: dflash uses none of its (or libc10_cuda's)
+# symbols; it needs only what its static initializers register (CUDA
+# kernels, hooks, NCCL), and loading it eagerly cost every command ~235 MB
+# of RSS and ~0.4 s (issue 14). load_torch_cuda() (core/env.h) dlopens it
+# from libtorch_cpu's directory when CUDA is wanted. The `torch` target
+# still supplies the include directories and compile options.
 add_library(dflash_torch INTERFACE)
-target_link_libraries(dflash_torch INTERFACE torch_library c10)
+target_link_libraries(dflash_torch INTERFACE torch_cpu_library c10)
+target_include_directories(dflash_torch INTERFACE
+                           $<TARGET_PROPERTY:torch,INTERFACE_INCLUDE_DIRECTORIES>)
+target_compile_options(dflash_torch INTERFACE $<TARGET_PROPERTY:torch,INTERFACE_COMPILE_OPTIONS>)
 if(TARGET c10_cuda)
-  target_link_libraries(dflash_torch INTERFACE c10_cuda)
   set(DFLASH_TORCH_HAS_CUDA ON)
 else()
   set(DFLASH_TORCH_HAS_CUDA OFF)

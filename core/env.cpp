@@ -7,6 +7,7 @@
 #include <sched.h>
 #include <torch/version.h>
 
+#include <climits>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -60,7 +61,29 @@ int64_t usable_cores() {
 
 }  // namespace
 
+bool load_torch_cuda(std::string* why) {
+  static std::string error;
+  static const bool loaded = [] {
+    void* cpu = dlopen("libtorch_cpu.so", RTLD_NOW | RTLD_NOLOAD);
+    char dir[PATH_MAX] = {0};
+    if (!cpu || dlinfo(cpu, RTLD_DI_ORIGIN, dir) != 0) {
+      error = "libtorch_cpu.so is not loaded";
+      return false;
+    }
+    const std::string path = std::string(dir) + "/libtorch_cuda.so";
+    if (!dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL)) {
+      const char* e = dlerror();
+      error = path + ": " + (e ? e : "cannot load");
+      return false;
+    }
+    return true;
+  }();
+  if (why) *why = error;
+  return loaded;
+}
+
 Environment probe_environment(bool run_kernel) {
+  load_torch_cuda();
   Environment e;
   e.torch_version = TORCH_VERSION;
   const auto& hooks = at::detail::getCUDAHooks();

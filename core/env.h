@@ -32,8 +32,14 @@ struct Environment {
   int64_t host_memory_bytes = 0, host_available_bytes = 0;
 };
 
-// Probes this machine; `run_kernel` also runs dflash's CUDA probe kernel on
-// every device.
+// Loads libtorch_cuda (from libtorch_cpu's directory, RTLD_GLOBAL) once:
+// its static initializers register the CUDA kernels, hooks and NCCL. dflash
+// links no CUDA part of libtorch, so CPU commands never pay for it. False
+// (with the reason in *why) for a CPU-only libtorch or a failed load.
+bool load_torch_cuda(std::string* why = nullptr);
+
+// Probes this machine (loading libtorch_cuda first); `run_kernel` also runs
+// dflash's CUDA probe kernel on every device.
 Environment probe_environment(bool run_kernel = true);
 
 nlohmann::json environment_to_json(const Environment& e);
