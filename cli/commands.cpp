@@ -16,10 +16,10 @@
 #include "harness/bench.h"
 #include "harness/memory_guard.h"
 #include "harness/step_dump.h"
-#include "optimized/dist.h"
 #include "optimized/step.h"
-#include "optimized/train.h"
 #include "reference/step.h"
+#include "train/dist.h"
+#include "train/split_loop.h"
 
 namespace dflash::cli {
 namespace {

@@ -16,11 +16,11 @@
 #include "harness/parity_run.h"
 #include "harness/plan_run.h"
 #include "harness/preflight.h"
-#include "optimized/dist.h"
-#include "optimized/train.h"
 #include "train/data.h"
+#include "train/dist.h"
 #include "train/loop.h"
 #include "train/report.h"
+#include "train/split_loop.h"
 
 namespace {
 

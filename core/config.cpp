@@ -350,6 +350,7 @@ void read_loss_run_optimized(Section l, Section r, Section o, Config& c, const s
   c.optimized.checkpoint_layers = o.boolean("checkpoint_layers", false);
   c.optimized.attention_tile = o.integer("attention_tile", 256);
   c.optimized.target_query_chunk = o.integer("target_query_chunk", 1024);
+  c.optimized.kernels = o.string("kernels", "auto");
   o.reject_unknown();
 }
 

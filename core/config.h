@@ -120,6 +120,11 @@ struct OptimizedConfig {
   bool checkpoint_layers = false;     // recompute each drafter layer in backward
   int64_t attention_tile = 256;       // key tile of the sparse attention
   int64_t target_query_chunk = 1024;  // target forward: query rows per chunk; 0 = dense
+  // Which implementation of the fused loss and the sparse attention runs:
+  // "host" (row kernels in plain C++, CPU tensors only), "aten" (ATen ops
+  // only: the same code on CPU and CUDA), "auto" (host on CPU, aten
+  // elsewhere). See resolve_kernels (optimized/kernels.h).
+  std::string kernels = "auto";
 };
 
 // Which ranks run the target and which train drafters (SPEC.md's 8-GPU split).
@@ -128,7 +133,7 @@ struct TopologyConfig {
   int64_t world_size = 1;
   std::vector<int64_t> target_ranks{0};
   std::vector<int64_t> drafter_ranks{0};
-  std::string device = "cpu";            // "cpu" | "cuda"
+  std::string device = "cpu";            // "cpu" | "cuda" | "cuda:N"
   std::vector<double> device_memory_gb;  // per rank (decimal GB); empty = unknown
   double memory_reserve_gb = 2.0;        // kept free on every device (allocator, CUDA context)
   double timeout_s = 60.0;               // a transfer or collective waiting longer fails the run
@@ -149,6 +154,10 @@ struct Config {
 
   int64_t num_taps() const { return int64_t(drafter.target_layer_ids.size()); }
 };
+
+// "cpu", "cuda" or "cuda:N" (N < 1024): the devices a config or a command
+// line may name.
+bool is_device_name(const std::string& name);
 
 // Parse and validate. `label` names the source in messages (a path, or e.g.
 // "step.safetensors:__metadata__.config").

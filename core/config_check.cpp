@@ -287,6 +287,13 @@ void check_data_loss_run(const Checker& ck, const Config& c) {
   ck.in_range("run.threads", c.run.threads);
   ck.in_range("optimized.attention_tile", c.optimized.attention_tile);
   ck.in_range("optimized.target_query_chunk", c.optimized.target_query_chunk);
+  ck.one_of("optimized.kernels", c.optimized.kernels, {"auto", "host", "aten"});
+  if (c.optimized.kernels == "host" && c.topology.device != "cpu")
+    ck.fail("optimized.kernels",
+            fmt::format("\"aten\" or \"auto\" with topology.device = \"{}\" (the host kernels "
+                        "run on CPU tensors only)",
+                        c.topology.device),
+            "\"host\"");
 }
 
 void check_train(const Checker& ck, const TrainConfig& t) {
@@ -306,10 +313,24 @@ void check_train(const Checker& ck, const TrainConfig& t) {
   ck.in_range("train.log_every", t.log_every);
 }
 
+}  // namespace
+
+bool is_device_name(const std::string& name) {
+  if (name == "cpu" || name == "cuda") return true;
+  if (name.rfind("cuda:", 0) != 0 || name.size() < 6 || name.size() > 9) return false;
+  for (size_t i = 5; i < name.size(); ++i)
+    if (name[i] < '0' || name[i] > '9') return false;
+  return std::stoi(name.substr(5)) < 1024 && (name.size() == 6 || name[5] != '0');
+}
+
+namespace {
+
 void check_topology(const Checker& ck, const Config& c) {
   const auto& tp = c.topology;
   ck.in_range("topology.world_size", tp.world_size);
-  ck.one_of("topology.device", tp.device, {"cpu", "cuda"});
+  if (!is_device_name(tp.device))
+    ck.fail("topology.device", "\"cpu\", \"cuda\" or \"cuda:N\" (N a device index < 1024)",
+            "\"" + tp.device + "\"");
   ck.ranks("topology.target_ranks", tp.target_ranks, tp.world_size);
   ck.ranks("topology.drafter_ranks", tp.drafter_ranks, tp.world_size);
   if (tp.drafter_ranks.empty())
@@ -441,7 +462,8 @@ nlohmann::json config_to_json(const Config& c) {
                     {"sparse_attention", c.optimized.sparse_attention},
                     {"checkpoint_layers", c.optimized.checkpoint_layers},
                     {"attention_tile", c.optimized.attention_tile},
-                    {"target_query_chunk", c.optimized.target_query_chunk}};
+                    {"target_query_chunk", c.optimized.target_query_chunk},
+                    {"kernels", c.optimized.kernels}};
   j["topology"] = {{"world_size", c.topology.world_size},
                    {"target_ranks", c.topology.target_ranks},
                    {"drafter_ranks", c.topology.drafter_ranks},

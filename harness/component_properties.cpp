@@ -64,6 +64,7 @@ rc::Gen<LossCase> gen_loss_case() {
     c.cfg.loss.temperature = *rc::gen::element(0.5, 1.0, 1.7);
     c.cfg.loss.gamma = *rc::gen::element(0.0, 0.7, 3.0);
     c.cfg.run.dtype = *rc::gen::element(DType::kFloat64, DType::kFloat32, DType::kBFloat16);
+    c.cfg.optimized.kernels = *rc::gen::element<std::string>("host", "aten");
     c.mask = gen_mask(c.B, c.S);
     c.seed = *rc::gen::inRange<uint64_t>(0, 1u << 30);
     c.ids =
@@ -153,6 +154,15 @@ struct CaseReader {
     }
     return out.to(dt);
   }
+  // Optional (cases written before both implementations existed: host).
+  optimized::Kernels kernels() const {
+    if (!t.contains("kernels")) return optimized::Kernels::kHost;
+    const std::string k = get<std::string>("kernels");
+    if (k == "host" || k == "aten")
+      return k == "host" ? optimized::Kernels::kHost : optimized::Kernels::kAten;
+    throw std::runtime_error(
+        fmt::format("{}: case.kernels: expected \"host\" or \"aten\", found \"{}\"", label, k));
+  }
   DType dtype() const {
     const std::string d = get<std::string>("dtype");
     for (DType x : {DType::kFloat64, DType::kFloat32, DType::kBFloat16})
@@ -166,10 +176,10 @@ std::string loss_case_toml(const LossCase& c) {
       "# one case of the parity.loss property; replay: dflash parity --reproduce FILE\n"
       "[case]\ncomponent = \"loss\"\nB = {}\nS = {}\nH = {}\nV = {}\nblock_size = {}\n"
       "max_anchors = {}\nchunk_size = {}\nce_weight = {}\nkl_weight = {}\ntemperature = {}\n"
-      "gamma = {}\ndtype = \"{}\"\nseed = {}\nupstream = {}\nloss_mask = {}\n",
+      "gamma = {}\ndtype = \"{}\"\nkernels = \"{}\"\nseed = {}\nupstream = {}\nloss_mask = {}\n",
       c.B, c.S, c.H, c.V, c.cfg.data.block_size, c.cfg.data.max_anchors, c.cfg.loss.chunk_size,
       c.cfg.loss.ce_weight, c.cfg.loss.kl_weight, c.cfg.loss.temperature, c.cfg.loss.gamma,
-      dtype_name(c.cfg.run.dtype), c.seed, c.upstream, rows_toml(c.mask));
+      dtype_name(c.cfg.run.dtype), c.cfg.optimized.kernels, c.seed, c.upstream, rows_toml(c.mask));
 }
 
 LossCase loss_case_from(const CaseReader& r) {
@@ -186,6 +196,7 @@ LossCase loss_case_from(const CaseReader& r) {
   c.cfg.loss.temperature = r.real("temperature", 1e-6, 1e4);
   c.cfg.loss.gamma = r.real("gamma", 0, 1e6);
   c.cfg.run.dtype = r.dtype();
+  c.cfg.optimized.kernels = optimized::kernels_name(r.kernels());
   c.seed = uint64_t(r.dim("seed", 0, INT64_MAX));
   c.upstream = r.real("upstream", -1e6, 1e6);
   const long double Q = (long double)c.cfg.data.max_anchors * c.cfg.data.block_size;
@@ -208,8 +219,8 @@ std::string check_loss_case(const LossFn& candidate, const LossCase& c, std::str
   const DraftLayout l =
       make_draft_layout(c.ids, c.mask, a, c.cfg.data.block_size, c.V - 1, c.cfg.loss.gamma);
   const int64_t Q = l.noise_ids.size(1);
-  *size = fmt::format("B={} S={} Q={} H={} V={} chunk={} {}", c.B, c.S, Q, c.H, c.V,
-                      c.cfg.loss.chunk_size, dtype_name(c.cfg.run.dtype));
+  *size = fmt::format("B={} S={} Q={} H={} V={} chunk={} {} {} kernels", c.B, c.S, Q, c.H, c.V,
+                      c.cfg.loss.chunk_size, dtype_name(c.cfg.run.dtype), c.cfg.optimized.kernels);
   const at::Tensor D = randn({c.B, Q, c.H}, c.seed + 1), Ht = randn({c.B, c.S, c.H}, c.seed + 2);
   const at::Tensor W = randn({c.V, c.H}, c.seed + 3);
   const DtypeRule& rule = dtype_rule(c.cfg.run.dtype);
@@ -267,6 +278,7 @@ std::string check_loss_case(const LossFn& candidate, const LossCase& c, std::str
 struct AttnCase {
   int64_t B, S, N, bs, nkv, G, hd, tile;
   DType dtype;
+  optimized::Kernels kernels = optimized::Kernels::kHost;
   Anchors a;
   uint64_t seed;
 };
@@ -283,6 +295,7 @@ rc::Gen<AttnCase> gen_attention_case() {
     c.hd = *rc::gen::element<int64_t>(2, 4, 8);
     c.tile = *rc::gen::inRange<int64_t>(1, c.S + 3);
     c.dtype = *rc::gen::element(DType::kFloat64, DType::kFloat32, DType::kBFloat16);
+    c.kernels = *rc::gen::element(optimized::Kernels::kHost, optimized::Kernels::kAten);
     // As in the step generator: bf16 cases use real-model head dims (a per-head
     // problem over 2 or 4 elements is too ill-conditioned for bf16's rounding).
     if (c.dtype == DType::kBFloat16) c.hd = *rc::gen::element<int64_t>(8, 16);
@@ -304,10 +317,10 @@ std::string attention_case_toml(const AttnCase& c) {
   return fmt::format(
       "# one case of the parity.attention property; replay: dflash parity --reproduce FILE\n"
       "[case]\ncomponent = \"attention\"\nB = {}\nS = {}\nN = {}\nblock_size = {}\nnkv = {}\n"
-      "group = {}\nhead_dim = {}\ntile = {}\ndtype = \"{}\"\nseed = {}\nanchors = {}\n"
-      "keep = {}\n",
-      c.B, c.S, c.N, c.bs, c.nkv, c.G, c.hd, c.tile, dtype_name(c.dtype), c.seed,
-      c.N ? rows_toml(c.a.anchors) : std::string("[]"),
+      "group = {}\nhead_dim = {}\ntile = {}\ndtype = \"{}\"\nkernels = \"{}\"\nseed = {}\n"
+      "anchors = {}\nkeep = {}\n",
+      c.B, c.S, c.N, c.bs, c.nkv, c.G, c.hd, c.tile, dtype_name(c.dtype),
+      optimized::kernels_name(c.kernels), c.seed, c.N ? rows_toml(c.a.anchors) : std::string("[]"),
       c.N ? rows_toml(c.a.keep) : std::string("[]"));
 }
 
@@ -322,6 +335,7 @@ AttnCase attention_case_from(const CaseReader& r) {
   c.hd = r.dim("head_dim", 2, 512);
   c.tile = r.dim("tile", 1, 4096);
   c.dtype = r.dtype();
+  c.kernels = r.kernels();
   c.seed = uint64_t(r.dim("seed", 0, INT64_MAX));
   r.cap("the queries and keys (B*nh*(S+Q)*head_dim)",
         (long double)c.B * c.nkv * c.G * (c.S + c.N * c.bs) * c.hd);
@@ -338,21 +352,24 @@ AttnCase attention_case_from(const CaseReader& r) {
 std::string check_attention_case(const AttentionFn& candidate, const AttnCase& c,
                                  std::string* size) {
   const int64_t Q = c.N * c.bs, nh = c.nkv * c.G;
-  *size = fmt::format("B={} S={} N={} bs={} nh={} nkv={} hd={} tile={} {}", c.B, c.S, c.N, c.bs, nh,
-                      c.nkv, c.hd, c.tile, dtype_name(c.dtype));
+  *size = fmt::format("B={} S={} N={} bs={} nh={} nkv={} hd={} tile={} {} {} kernels", c.B, c.S,
+                      c.N, c.bs, nh, c.nkv, c.hd, c.tile, dtype_name(c.dtype),
+                      optimized::kernels_name(c.kernels));
   const at::Tensor q = randn({c.B, nh, Q, c.hd}, c.seed),
                    k = randn({c.B, c.nkv, c.S + Q, c.hd}, c.seed + 1);
   const at::Tensor v = randn({c.B, c.nkv, c.S + Q, c.hd}, c.seed + 2);
   const at::Tensor dout = randn({c.B, nh, Q, c.hd}, c.seed + 3);  // per-element upstream
   auto run = [&](const AttentionFn& fn, at::ScalarType dt) {
     const at::Tensor ql = leaf(q, dt), kl = leaf(k, dt), vl = leaf(v, dt);
-    const at::Tensor out = fn(ql, kl, vl, c.a, c.S, c.bs, c.tile);
+    const at::Tensor out = fn(ql, kl, vl, c.a, c.S, c.bs, c.tile, c.kernels);
     (out * dout.to(dt)).sum().backward();
     return std::vector<at::Tensor>{out, ql.grad(), kl.grad(), vl.grad()};
   };
   const AttentionFn dense = [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                               const Anchors& a, int64_t S, int64_t bs,
-                               int64_t) { return reference::draft_attention(q, k, v, a, S, bs); };
+                               const Anchors& a, int64_t S, int64_t bs, int64_t,
+                               optimized::Kernels) {
+    return reference::draft_attention(q, k, v, a, S, bs);
+  };
   const auto r64 = run(dense, at::kDouble);
   const at::ScalarType dt = scalar_type(c.dtype);
   const auto same = dt == at::kDouble ? r64 : run(dense, dt);

@@ -68,10 +68,7 @@ std::string measure_error_ratios(int cases, uint64_t seed, std::string* json) {
   }
   {
     ErrorRecorder rec;
-    check_attention_parity([&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                               const Anchors& a, int64_t S, int64_t bs,
-                               int64_t tile) { return real.attention(q, k, v, a, S, bs, tile); },
-                           run);
+    check_attention_parity(real.attention, run);
     record("attention", rec.samples);
   }
   std::string t = fmt::format(

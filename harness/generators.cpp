@@ -94,6 +94,8 @@ rc::Gen<Config> gen_step_config() {
     c.optimized.sparse_attention = *rc::gen::weightedElement<bool>({{4, true}, {1, false}});
     c.optimized.checkpoint_layers = *rc::gen::arbitrary<bool>();
     c.optimized.attention_tile = *rc::gen::inRange<int64_t>(1, c.data.seq_len + 2);
+    // Both implementations of the loss and the attention (optimized/kernels.h).
+    c.optimized.kernels = *rc::gen::element<std::string>("auto", "host", "aten");
     c.run.dtype = *rc::gen::element(DType::kFloat64, DType::kFloat32, DType::kBFloat16);
     // A per-head RMSNorm over 2 elements is so ill-conditioned that bf16
     // rounding alone moves its gradients by tens of percent: bf16 cases use

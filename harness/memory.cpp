@@ -7,15 +7,21 @@
 namespace dflash::harness {
 
 Formula chunked_loss_bytes(int64_t M, int64_t Ns, int64_t H, int64_t V, int64_t C, bool kl,
-                           int64_t e) {
+                           int64_t e, optimized::Kernels kernels) {
   const double k = kl ? 1 : 0;
+  const double a = e == 8 ? 8 : 4, up = e < a ? a : 0;
+  const double rows = kernels == optimized::Kernels::kAten
+                          ? double(std::min(C, M) * V) * (kl ? up + 3 * a + 1 : up + a)
+                          : 0.0;
   const double fwd = double(Ns * H * e) + (1 + k) * double(C * V * e) +
-                     (2 + k) * double(C * H * e) + 56.0 * double(M);
+                     (2 + k) * double(C * H * e) + 56.0 * double(M) + rows;
   const double bwd = 2.0 * double(Ns * H * e);
-  return {std::max(fwd, bwd),
-          fmt::format("max(NsHe + (1+kl)CVe + (2+kl)CHe + 56M, 2NsHe), M={} Ns={} H={} V={} C={} "
-                      "kl={} e={}",
-                      M, Ns, H, V, C, kl, e)};
+  return {
+      std::max(fwd, bwd),
+      fmt::format("max(NsHe + (1+kl)CVe + (2+kl)CHe + 56M + rows, 2NsHe), rows = {} "
+                  "({} kernels), M={} Ns={} H={} V={} C={} kl={} e={}",
+                  kernels == optimized::Kernels::kAten ? (kl ? "CV(up+3a+1)" : "CV(up+a)") : "0",
+                  optimized::kernels_name(kernels), M, Ns, H, V, C, kl, e)};
 }
 
 Formula chunked_no_recompute_loss_bytes(int64_t Q, int64_t V, int64_t C, bool kl, int64_t e) {
@@ -38,17 +44,19 @@ Formula unchunked_loss_bytes(int64_t Q, int64_t V, bool kl, int64_t e) {
 }
 
 Formula sparse_attention_bytes(int64_t B, int64_t nh, int64_t nkv, int64_t Q, int64_t S, int64_t hd,
-                               int64_t T, int64_t e, int64_t a) {
+                               int64_t T, int64_t e, int64_t a, optimized::Kernels kernels) {
   const int64_t R = (nh / nkv) * Q;
   // Low-precision inputs also keep the output in acc precision for backward.
   const double outputs = double(e) * double(2 * B * nh * Q * hd + 2 * B * nkv * (S + Q) * hd) +
                          double(a * B * nh * Q) + (e < a ? double(a * B * nh * Q * hd) : 0.0);
   const double head = double(3 * e + 3 * a) * double(R * hd) + 2.0 * a * double((S + Q) * hd) +
                       2.0 * a * double(R * std::min(T, S + Q));
-  return {outputs + head,
+  const bool aten = kernels == optimized::Kernels::kAten;
+  const double mask = aten ? double(R * std::min(T, S + Q)) : 0.0;
+  return {outputs + head + mask,
           fmt::format("e(2B nh Q hd + 2B nkv (S+Q) hd) + a B nh Q + (3e+3a) R hd + 2a (S+Q) hd + "
-                      "2a R T, R={}",
-                      R)};
+                      "2a R T{}, R={} ({} kernels)",
+                      aten ? " + R T" : "", R, optimized::kernels_name(kernels))};
 }
 
 Formula dense_scores_one_copy(int64_t B, int64_t nh, int64_t Q, int64_t S) {

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "core/config.h"
+#include "optimized/kernels.h"
 
 namespace dflash::harness {
 
@@ -21,9 +22,13 @@ struct Formula {
 };
 
 // Fused chunked loss over M weighted rows (Ns student rows), chunk C:
-//   forward  NsHe + (1+kl)CVe + (2+kl)CHe + 56M; backward 2NsHe; the max.
+//   forward  NsHe + (1+kl)CVe + (2+kl)CHe + 56M + rows; backward 2NsHe; the max.
+// rows is the row work's own working set: 0 for the host kernels (in place);
+// for the ATen twin (optimized/aten_rows.h) CV(up + a) without the KL and
+// CV(up + 3a + 1) with it (fp32 temporaries, up = a when e < a for the
+// upcast student logits, 1 byte for the p_t = 0 mask).
 Formula chunked_loss_bytes(int64_t M, int64_t Ns, int64_t H, int64_t V, int64_t C, bool kl,
-                           int64_t e);
+                           int64_t e, optimized::Kernels kernels = optimized::Kernels::kHost);
 // Plain autograd per chunk (no recomputation): every chunk's logits and, in
 // fp32, (1 + 2kl) copies of them stay alive until backward, plus the current
 // chunk's transients; the peak is the max over chunks i of
@@ -36,9 +41,11 @@ Formula unchunked_loss_bytes(int64_t Q, int64_t V, bool kl, int64_t e);
 
 // Block-sparse attention, forward + backward, per call. R = (nh/nkv) Q.
 //   e(2 B nh Q hd + 2 B nkv (S+Q) hd) + a B nh Q + (3e+3a) R hd + 2a (S+Q) hd
-//   + 2a R min(T, S+Q), plus a B nh Q hd (the acc-precision output) when e < a
+//   + 2a R min(T, S+Q), plus a B nh Q hd (the acc-precision output) when e < a,
+//   plus R min(T, S+Q) (the tile's visibility mask) for the ATen twin.
 Formula sparse_attention_bytes(int64_t B, int64_t nh, int64_t nkv, int64_t Q, int64_t S, int64_t hd,
-                               int64_t T, int64_t e, int64_t a);
+                               int64_t T, int64_t e, int64_t a,
+                               optimized::Kernels kernels = optimized::Kernels::kHost);
 // Dense masked attention: the (B, nh, Q, S+Q) fp32 score matrix; per layer
 // autograd keeps about 2.4 copies of it (scores, softmax, masked probs) and,
 // with GQA, K and V repeated to every query head. dense_attention_saved_bytes

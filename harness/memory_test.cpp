@@ -28,10 +28,12 @@ struct LossSetup {
   int64_t M;
 };
 
-LossSetup loss_setup(int64_t Q, int64_t H, int64_t V, int64_t C, bool kl) {
+LossSetup loss_setup(int64_t Q, int64_t H, int64_t V, int64_t C, bool kl,
+                     optimized::Kernels kernels) {
   LossSetup s;
   s.cfg = fixtures::micro_config();
   s.cfg.loss = {1.0, kl ? 0.5 : 0.0, 1.0, 0.0, C};
+  s.cfg.optimized.kernels = optimized::kernels_name(kernels);
   s.D = at::randn({1, Q, H}).requires_grad_(true);
   s.Ht = at::randn({1, Q, H});
   s.W = at::randn({V, H});
@@ -53,12 +55,16 @@ int64_t loss_peak(LossSetup& s) {
   return scope.peak_delta();
 }
 
-TEST(MemoryCeiling, ChunkedLossUnderItsFormula) {
+// Both implementations of the row work (optimized/kernels.h), each under its
+// own formula.
+class MemoryCeiling : public ::testing::TestWithParam<optimized::Kernels> {};
+
+TEST_P(MemoryCeiling, ChunkedLossUnderItsFormula) {
   for (auto [Q, H, V, C, kl] : std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t, bool>>{
            {512, 64, 4096, 64, true}, {1024, 32, 8192, 128, false}, {256, 128, 2048, 100, true}}) {
-    LossSetup s = loss_setup(Q, H, V, C, kl);
+    LossSetup s = loss_setup(Q, H, V, C, kl, GetParam());
     const int64_t peak = loss_peak(s);
-    const Formula f = chunked_loss_bytes(Q, Q, H, V, C, kl, 4);
+    const Formula f = chunked_loss_bytes(Q, Q, H, V, C, kl, 4, GetParam());
     EXPECT_LE(double(peak), f.bytes * kSlack + kSlackBytes) << f.text << " measured " << peak;
     if (std::getenv("DFLASH_VERBOSE"))
       std::cout << "measured/formula " << double(peak) / f.bytes << "\n";
@@ -66,12 +72,13 @@ TEST(MemoryCeiling, ChunkedLossUnderItsFormula) {
   }
 }
 
-TEST(MemoryCeiling, ChunkedLossPeakDoesNotGrowWithQAtFixedChunk) {
+TEST_P(MemoryCeiling, ChunkedLossPeakDoesNotGrowWithQAtFixedChunk) {
   // Doubling Q may add the O(Q*H) gradient terms (2*4*H bytes per row, both
   // passes' copies), never a Q*V term: H = 16 and V = 8192 make one extra
   // logits row per position 512x larger than what is allowed.
   const int64_t H = 16, V = 8192, C = 64;
-  LossSetup a = loss_setup(512, H, V, C, true), b = loss_setup(2048, H, V, C, true);
+  LossSetup a = loss_setup(512, H, V, C, true, GetParam()),
+            b = loss_setup(2048, H, V, C, true, GetParam());
   const int64_t pa = loss_peak(a), pb = loss_peak(b);
   const double allowed = (2048 - 512) * (2.0 * 4 * H + 64) + kSlackBytes;
   EXPECT_LE(double(pb - pa), allowed) << "peaks " << pa << " -> " << pb;
@@ -96,39 +103,45 @@ AttnSetup attn_setup(int64_t S, int64_t N, int64_t nh, int64_t nkv, int64_t hd) 
   return s;
 }
 
-int64_t attn_peak(AttnSetup& s, int64_t tile) {
+int64_t attn_peak(AttnSetup& s, int64_t tile, optimized::Kernels kernels) {
   AllocProbe::install();
   AllocProbe::Scope scope;
-  optimized::draft_attention(s.q, s.k, s.v, s.a, s.S, s.bs, tile).backward(s.dout);
+  optimized::draft_attention(s.q, s.k, s.v, s.a, s.S, s.bs, tile, kernels).backward(s.dout);
   for (at::Tensor* t : {&s.q, &s.k, &s.v}) t->mutable_grad().reset();
   return scope.peak_delta();
 }
 
-TEST(MemoryCeiling, SparseAttentionUnderItsFormula) {
+TEST_P(MemoryCeiling, SparseAttentionUnderItsFormula) {
   for (auto [S, N, nh, nkv, hd, T] : std::vector<std::array<int64_t, 6>>{
            {512, 8, 8, 2, 32, 64}, {1024, 16, 4, 4, 16, 128}, {256, 4, 8, 1, 64, 32}}) {
     AttnSetup s = attn_setup(S, N, nh, nkv, hd);
-    const int64_t peak = attn_peak(s, T);
-    const Formula f = sparse_attention_bytes(1, nh, nkv, N * 16, S, hd, T, 4, 4);
+    const int64_t peak = attn_peak(s, T, GetParam());
+    const Formula f = sparse_attention_bytes(1, nh, nkv, N * 16, S, hd, T, 4, 4, GetParam());
     EXPECT_LE(double(peak), f.bytes * kSlack + kSlackBytes) << f.text << " measured " << peak;
     if (std::getenv("DFLASH_VERBOSE"))
       std::cout << "measured/formula " << double(peak) / f.bytes << "\n";
   }
 }
 
-TEST(MemoryCeiling, SparseAttentionPeakDoesNotGrowWithSAtFixedTile) {
+TEST_P(MemoryCeiling, SparseAttentionPeakDoesNotGrowWithSAtFixedTile) {
   // Growing S may add the key gradients and their accumulators (O(S*hd) per
   // kv head), never an O(Q*S) score term: nh*Q*4 bytes per key here is 32x
   // what is allowed.
   const int64_t N = 16, nh = 8, nkv = 2, hd = 16, T = 64;
   AttnSetup a = attn_setup(512, N, nh, nkv, hd), b = attn_setup(2048, N, nh, nkv, hd);
-  const int64_t pa = attn_peak(a, T), pb = attn_peak(b, T);
+  const int64_t pa = attn_peak(a, T, GetParam()), pb = attn_peak(b, T, GetParam());
   const double per_key = 4.0 * nkv * hd * 2 /* dk, dv */ + 4.0 * hd * 2 /* accumulators */;
   EXPECT_LE(double(pb - pa), (2048 - 512) * per_key * kSlack + kSlackBytes)
       << "peaks " << pa << " -> " << pb;
 }
 
-TEST(MemoryCeiling, CheckpointedLayersKeepOnlyTheirInputs) {
+INSTANTIATE_TEST_SUITE_P(Kernels, MemoryCeiling,
+                         ::testing::Values(optimized::Kernels::kHost, optimized::Kernels::kAten),
+                         [](const auto& i) {
+                           return std::string(optimized::kernels_name(i.param));
+                         });
+
+TEST(MemoryCeilingStep, CheckpointedLayersKeepOnlyTheirInputs) {
   Config c = fixtures::micro_config();
   c.run.dtype = DType::kFloat32;
   c.target.shape = {64, 4, 2, 16, 256, 1e6, 1e-6};

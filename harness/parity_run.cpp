@@ -121,11 +121,7 @@ StepFn candidate(const ParityOptions& o) {
 ComponentImpls candidate_components(const ParityOptions& o) {
   const optimized::Components parts =
       o.mutant.empty() ? optimized::real_components() : mutant_components(o.mutant);
-  return {parts.loss,
-          [parts](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const Anchors& a,
-                  int64_t S, int64_t bs,
-                  int64_t tile) { return parts.attention(q, k, v, a, S, bs, tile); },
-          parts.checkpoint};
+  return {parts.loss, parts.attention, parts.checkpoint};
 }
 
 int reproduce(const ParityOptions& o) {

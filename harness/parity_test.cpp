@@ -34,8 +34,9 @@ TEST(Parity, ChunkedLossMatchesReference) {
 
 TEST(Parity, SparseAttentionMatchesReference) {
   const AttentionFn sparse = [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                const Anchors& a, int64_t S, int64_t bs, int64_t tile) {
-    return optimized::draft_attention(q, k, v, a, S, bs, tile);
+                                const Anchors& a, int64_t S, int64_t bs, int64_t tile,
+                                optimized::Kernels kernels) {
+    return optimized::draft_attention(q, k, v, a, S, bs, tile, kernels);
   };
   expect_passed(check_attention_parity(sparse, run_from_env(200, 3)));
 }

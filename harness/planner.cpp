@@ -24,6 +24,10 @@ PlanVariant configured_variant(const Config& c) {
   v.loss = c.optimized.chunked_loss ? LossMode::kFused : LossMode::kUnchunked;
   v.dense_attention = !c.optimized.sparse_attention;
   v.checkpoint = c.optimized.checkpoint_layers;
+  const bool cpu = c.topology.device == "cpu";
+  v.kernels = optimized::resolve_kernels(c.optimized.kernels,
+                                         cpu ? c10::Device(c10::kCPU) : c10::Device(c10::kCUDA));
+  v.cuda_allocator = !cpu;
   return v;
 }
 
@@ -66,8 +70,9 @@ std::vector<PlanItem> drafter_items(const Config& c, const PlanVariant& v, int64
   const Formula layer = layer_activation_bytes(B, Q, S, s, e);
   const Formula dense = dense_attention_saved_bytes(B, s.num_attention_heads, s.num_key_value_heads,
                                                     Q, S, s.head_dim, e);
-  const Formula sparse = sparse_attention_bytes(B, s.num_attention_heads, s.num_key_value_heads, Q,
-                                                S, s.head_dim, c.optimized.attention_tile, e, a);
+  const Formula sparse =
+      sparse_attention_bytes(B, s.num_attention_heads, s.num_key_value_heads, Q, S, s.head_dim,
+                             c.optimized.attention_tile, e, a, v.kernels);
   // The attention backward runs after the layer's MLP backward has freed
   // the MLP's activations.
   const double mlp = mlp_share_bytes(B, Q, H, s.intermediate_size, e).bytes;
@@ -98,7 +103,7 @@ std::vector<PlanItem> drafter_items(const Config& c, const PlanVariant& v, int64
   const bool kl = c.loss.kl_weight != 0;
   Formula loss;
   if (v.loss == LossMode::kFused)
-    loss = chunked_loss_bytes(B * Q, B * Q, H, V, C, kl, e);
+    loss = chunked_loss_bytes(B * Q, B * Q, H, V, C, kl, e, v.kernels);
   else if (v.loss == LossMode::kChunkedNoRecompute)
     loss = chunked_no_recompute_loss_bytes(B * Q, V, C, kl, e);
   else
@@ -169,6 +174,28 @@ double peak_of(const std::vector<PlanItem>& items, int64_t layers, std::string* 
   return std::max(forward_end, backward);
 }
 
+namespace {
+
+// What the CUDA caching allocator holds beyond the live tensors: blocks over
+// 1 MiB are rounded up to 2 MiB multiples (~1 MiB per live large tensor:
+// about 4 per drafter parameter tensor for weights, masters, gradients and
+// AdamW moments, plus ~64 for activations and buffers), and freed blocks of
+// the working sets stay cached for reuse (planned as 10% of the largest
+// transient). A model, not yet calibrated on a GPU (docs/GPU.md).
+PlanItem cuda_allocator_item(const Config& c, const std::vector<PlanItem>& items, bool drafter) {
+  double transient = 0;
+  for (const auto& i : items)
+    if (i.kind == PlanItem::kForwardTransient || i.kind == PlanItem::kBackwardTransient)
+      transient = std::max(transient, i.bytes);
+  const double tensors = (drafter ? 4.0 * double(9 * c.drafter.num_hidden_layers + 3) : 0.0) + 64;
+  const double mib = 1024.0 * 1024.0;
+  return {"CUDA caching allocator (2 MiB rounding, cached free blocks)",
+          tensors * mib + 0.1 * transient, PlanItem::kPersistent,
+          fmt::format("1 MiB x {:.0f} live tensors + 10% of the largest transient", tensors)};
+}
+
+}  // namespace
+
 double machine_memory_bytes() {
   return double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
 }
@@ -193,6 +220,11 @@ Plan plan_memory(const Config& c, const PlanVariant& v, bool dense_target_attent
         tp.device_memory_gb.empty() ? machine_memory_bytes() : tp.device_memory_gb[size_t(r)] * 1e9;
     rp.reserve = tp.memory_reserve_gb * 1e9;
     rp.peak = peak_of(rp.items, c.drafter.num_hidden_layers, &rp.largest);
+    if (v.cuda_allocator) {
+      const PlanItem cached = cuda_allocator_item(c, rp.items, is_drafter);
+      rp.items.push_back(cached);
+      rp.peak += cached.bytes;
+    }
     rp.headroom = rp.capacity - rp.reserve - rp.peak;
     rp.fits = rp.headroom >= 0;
     p.ranks.push_back(rp);
@@ -207,7 +239,9 @@ bool Plan::fits() const {
 }
 
 std::string Plan::format(bool breakdown) const {
-  std::string s = fmt::format("plan: {} -> {}\n", variant.name, fits() ? "fits" : "OOM");
+  std::string s = fmt::format("plan: {} -> {} ({} kernels{})\n", variant.name,
+                              fits() ? "fits" : "OOM", optimized::kernels_name(variant.kernels),
+                              variant.cuda_allocator ? ", CUDA caching allocator" : "");
   // Consecutive ranks with the same role and items print once.
   for (size_t i = 0; i < ranks.size();) {
     size_t j = i + 1;

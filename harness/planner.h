@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/config.h"
+#include "optimized/kernels.h"
 
 namespace dflash::harness {
 
@@ -24,6 +25,11 @@ struct PlanVariant {
   LossMode loss = LossMode::kFused;
   bool dense_attention = false;
   bool checkpoint = false;
+  // The kernels the loss and attention working sets assume (the config's
+  // choice on its device), and whether the rank's memory comes from the
+  // CUDA caching allocator (rounding and cached blocks are then planned).
+  optimized::Kernels kernels = optimized::Kernels::kHost;
+  bool cuda_allocator = false;
 };
 PlanVariant configured_variant(const Config& c);  // from [optimized]
 // The configured plan and the fallbacks SPEC.md warns about.

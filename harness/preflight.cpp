@@ -209,12 +209,10 @@ void twin_audit_check(Row& r, const Subject& s) {
 }
 
 void memory_check(Row& r, const Subject& s) {
-  const MemoryVerdict loss = loss_memory_check(s.parts.loss);
-  const MemoryVerdict att =
-      attention_memory_check([&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                 const Anchors& a, int64_t S, int64_t bs, int64_t tile) {
-        return s.parts.attention(q, k, v, a, S, bs, tile);
-      });
+  // The kernels the config runs with (aten for a CUDA config), measured here on CPU.
+  const optimized::Kernels k = configured_variant(s.config).kernels;
+  const MemoryVerdict loss = loss_memory_check(s.parts.loss, k);
+  const MemoryVerdict att = attention_memory_check(s.parts.attention, k);
   r.figure =
       fmt::format("loss {:.2f}/{:.2f} MiB, attention {:.2f}/{:.2f} MiB", loss.measured / 1048576,
                   loss.ceiling / 1048576, att.measured / 1048576, att.ceiling / 1048576);

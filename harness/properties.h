@@ -14,6 +14,7 @@
 
 #include "core/step.h"
 #include "optimized/checkpoint.h"
+#include "optimized/kernels.h"
 
 namespace dflash::harness {
 
@@ -37,9 +38,9 @@ struct PropertyOutcome {
 using LossFn = std::function<StepOutputs(const Config&, const at::Tensor& student_hidden,
                                          const at::Tensor& target_hidden, const at::Tensor& lm_head,
                                          const DraftLayout&, const Anchors&)>;
-using AttentionFn =
-    std::function<at::Tensor(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                             const Anchors& a, int64_t seq_len, int64_t block_size, int64_t tile)>;
+using AttentionFn = std::function<at::Tensor(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const Anchors& a,
+    int64_t seq_len, int64_t block_size, int64_t tile, optimized::Kernels kernels)>;
 using CheckpointImpl =
     std::function<at::Tensor(const optimized::CheckpointContract&, const optimized::CheckpointFn&)>;
 

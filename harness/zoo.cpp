@@ -28,21 +28,24 @@ StepFn with_parts(Components parts) {
 // --- mutants of the attention -------------------------------------------
 
 at::Tensor real_sparse(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                       const Anchors& a, int64_t S, int64_t bs, int64_t tile) {
-  return optimized::draft_attention(q, k, v, a, S, bs, tile);
+                       const Anchors& a, int64_t S, int64_t bs, int64_t tile,
+                       optimized::Kernels kn) {
+  return optimized::draft_attention(q, k, v, a, S, bs, tile, kn);
 }
 
 // Context visible up to and including the anchor (<= instead of <).
 at::Tensor anchor_visible(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                          const Anchors& a, int64_t S, int64_t bs, int64_t tile) {
+                          const Anchors& a, int64_t S, int64_t bs, int64_t tile,
+                          optimized::Kernels kn) {
   const Anchors widened{(a.anchors + 1).clamp_max(S), a.keep};
-  return real_sparse(q, k, v, widened, S, bs, tile);
+  return real_sparse(q, k, v, widened, S, bs, tile, kn);
 }
 
 // keep = false blocks average every value instead of outputting 0.
 at::Tensor keep_false_averages(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                               const Anchors& a, int64_t S, int64_t bs, int64_t tile) {
-  const at::Tensor out = real_sparse(q, k, v, a, S, bs, tile);  // (B, nh, Q, hd)
+                               const Anchors& a, int64_t S, int64_t bs, int64_t tile,
+                               optimized::Kernels kn) {
+  const at::Tensor out = real_sparse(q, k, v, a, S, bs, tile, kn);  // (B, nh, Q, hd)
   const int64_t G = q.size(1) / k.size(1);
   const at::Tensor mean = v.mean(2, true).repeat_interleave(G, 1);  // (B, nh, 1, hd)
   const at::Tensor dropped =
@@ -54,10 +57,12 @@ at::Tensor keep_false_averages(const at::Tensor& q, const at::Tensor& k, const a
 struct FirstElementGrad : public torch::autograd::Function<FirstElementGrad> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q,
                             const at::Tensor& k, const at::Tensor& v, const at::Tensor& anchors,
-                            const at::Tensor& keep, int64_t S, int64_t bs, int64_t tile) {
+                            const at::Tensor& keep, int64_t S, int64_t bs, int64_t tile,
+                            optimized::Kernels kn) {
     ctx->save_for_backward({q, k, v, anchors, keep});
     ctx->saved_data["S"] = S, ctx->saved_data["bs"] = bs, ctx->saved_data["tile"] = tile;
-    return real_sparse(q, k, v, {anchors, keep}, S, bs, tile);
+    ctx->saved_data["kernels"] = int64_t(kn);
+    return real_sparse(q, k, v, {anchors, keep}, S, bs, tile, kn);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list g) {
@@ -67,20 +72,22 @@ struct FirstElementGrad : public torch::autograd::Function<FirstElementGrad> {
                                   s[2].detach().requires_grad_()};
     const at::Tensor out =
         real_sparse(in[0], in[1], in[2], {s[3], s[4]}, ctx->saved_data["S"].toInt(),
-                    ctx->saved_data["bs"].toInt(), ctx->saved_data["tile"].toInt());
+                    ctx->saved_data["bs"].toInt(), ctx->saved_data["tile"].toInt(),
+                    optimized::Kernels(ctx->saved_data["kernels"].toInt()));
     const at::Tensor first = g[0].reshape(-1)[0].expand_as(g[0]);  // the mutation
     auto grads = torch::autograd::grad({out}, in, {first});
-    return {grads[0], grads[1], grads[2], {}, {}, {}, {}, {}};
+    return {grads[0], grads[1], grads[2], {}, {}, {}, {}, {}, {}};
   }
 };
 
 at::Tensor grad_output_first_element(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                     const Anchors& a, int64_t S, int64_t bs, int64_t tile) {
-  return FirstElementGrad::apply(q, k, v, a.anchors, a.keep, S, bs, tile);
+                                     const Anchors& a, int64_t S, int64_t bs, int64_t tile,
+                                     optimized::Kernels kn) {
+  return FirstElementGrad::apply(q, k, v, a.anchors, a.keep, S, bs, tile, kn);
 }
 
 at::Tensor dense_fallback(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                          const Anchors& a, int64_t S, int64_t bs, int64_t) {
+                          const Anchors& a, int64_t S, int64_t bs, int64_t, optimized::Kernels) {
   return reference::draft_attention(q, k, v, a, S, bs);
 }
 
@@ -296,7 +303,7 @@ StepOutputs two_shard_step(const Config& c, const DrafterWeights& w, const Froze
   return shard_step(c, w, f, in, true);
 }
 
-MemoryVerdict attention_memory_check(const AttentionFn& attention) {
+MemoryVerdict attention_memory_check(const AttentionFn& attention, optimized::Kernels kernels) {
   const int64_t S = 1024, N = 16, bs = 16, nh = 8, nkv = 2, hd = 16, T = 64, Q = N * bs;
   const at::Tensor q = at::randn({1, nh, Q, hd}).requires_grad_(),
                    k = at::randn({1, nkv, S + Q, hd}).requires_grad_(),
@@ -307,18 +314,19 @@ MemoryVerdict attention_memory_check(const AttentionFn& attention) {
   int64_t peak;
   {
     AllocProbe::Scope scope;
-    attention(q, k, v, a, S, bs, T).backward(at::randn({1, nh, Q, hd}));
+    attention(q, k, v, a, S, bs, T, kernels).backward(at::randn({1, nh, Q, hd}));
     peak = scope.peak_delta();
   }
-  const Formula f = sparse_attention_bytes(1, nh, nkv, Q, S, hd, T, 4, 4);
+  const Formula f = sparse_attention_bytes(1, nh, nkv, Q, S, hd, T, 4, 4, kernels);
   const double ceiling = f.bytes * 1.15 + 256 * 1024;
   return {double(peak) <= ceiling, double(peak), ceiling, f.text};
 }
 
-MemoryVerdict loss_memory_check(const LossFn& loss) {
+MemoryVerdict loss_memory_check(const LossFn& loss, optimized::Kernels kernels) {
   const int64_t Q = 1024, H = 32, V = 8192, C = 64;
   Config c = fixtures::micro_config();
   c.loss = {1.0, 0.5, 1.0, 0.0, C};
+  c.optimized.kernels = optimized::kernels_name(kernels);
   const at::Tensor D = at::randn({1, Q, H}).requires_grad_(), Ht = at::randn({1, Q, H}),
                    W = at::randn({V, H});
   DraftLayout l;
@@ -335,7 +343,7 @@ MemoryVerdict loss_memory_check(const LossFn& loss) {
     loss(c, D, Ht, W, l, a).loss.backward();
     peak = scope.peak_delta();
   }
-  const Formula f = chunked_loss_bytes(Q, Q, H, V, C, true, 4);
+  const Formula f = chunked_loss_bytes(Q, Q, H, V, C, true, 4, kernels);
   const double ceiling = f.bytes * 1.15 + 256 * 1024;
   return {double(peak) <= ceiling, double(peak), ceiling, f.text};
 }
@@ -394,20 +402,31 @@ StepFn mutant_step(const std::string& n) {
   return with_parts(mutant_components(n));
 }
 
-KillRow run_mutant(const Mutant& m, const PropertyRun& run) {
-  const std::string& n = m.name;
-  if (n == "detached_checkpoint_input") return audit_kill(m, mutant_step(n), 'a');
-  if (n == "frozen_embedding_trainable") return audit_kill(m, mutant_step(n), 'b');
-  if (n == "dense_scores_fallback")
-    return memory_kill(m, [] { return attention_memory_check(dense_fallback); });
-  if (n == "chunk_logits_alive")
-    return memory_kill(m, [] { return loss_memory_check(chunk_logits_alive); });
-  return parity_kill(m, mutant_step(n), run);
+// The step with its loss and attention on `kernels`, whatever the config says.
+StepFn on_kernels(StepFn step, optimized::Kernels kernels) {
+  return [step = std::move(step), kernels](const Config& c, const DrafterWeights& w,
+                                           const FrozenWeights& f, const StepInputs& in) {
+    Config k = c;
+    k.optimized.kernels = optimized::kernels_name(kernels);
+    return step(k, w, f, in);
+  };
 }
 
-std::vector<KillRow> run_zoo(const PropertyRun& run) {
+KillRow run_mutant(const Mutant& m, const PropertyRun& run, optimized::Kernels kernels) {
+  const std::string& n = m.name;
+  const StepFn step = on_kernels(mutant_step(n), kernels);
+  if (n == "detached_checkpoint_input") return audit_kill(m, step, 'a');
+  if (n == "frozen_embedding_trainable") return audit_kill(m, step, 'b');
+  if (n == "dense_scores_fallback")
+    return memory_kill(m, [kernels] { return attention_memory_check(dense_fallback, kernels); });
+  if (n == "chunk_logits_alive")
+    return memory_kill(m, [kernels] { return loss_memory_check(chunk_logits_alive, kernels); });
+  return parity_kill(m, step, run);
+}
+
+std::vector<KillRow> run_zoo(const PropertyRun& run, optimized::Kernels kernels) {
   std::vector<KillRow> rows;
-  for (const Mutant& m : zoo()) rows.push_back(run_mutant(m, run));
+  for (const Mutant& m : zoo()) rows.push_back(run_mutant(m, run, kernels));
   return rows;
 }
 

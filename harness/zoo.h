@@ -19,8 +19,11 @@ struct MemoryVerdict {
   double measured, ceiling;
   std::string text;
 };
-MemoryVerdict attention_memory_check(const AttentionFn& attention);
-MemoryVerdict loss_memory_check(const LossFn& loss);
+// Both on CPU (the allocator probe), with the given kernels' ceiling.
+MemoryVerdict attention_memory_check(const AttentionFn& attention,
+                                     optimized::Kernels kernels = optimized::Kernels::kHost);
+MemoryVerdict loss_memory_check(const LossFn& loss,
+                                optimized::Kernels kernels = optimized::Kernels::kHost);
 
 // The real two-shard split of a batch (what two drafter ranks compute):
 // numerators and weight sums added over shards before dividing (SPEC step 9).
@@ -54,9 +57,13 @@ LossFn no_recompute_loss();
 StepFn mutant_step(const std::string& name);
 optimized::Components mutant_components(const std::string& name);
 
-// Runs one mutant under its check (parity: the step property with `run`).
-KillRow run_mutant(const Mutant& m, const PropertyRun& run);
-std::vector<KillRow> run_zoo(const PropertyRun& run);
+// Runs one mutant under its check (parity: the step property with `run`),
+// the step's loss and attention on `kernels` (every generated config's
+// optimized.kernels is set to it; the mutants wrap the real components).
+KillRow run_mutant(const Mutant& m, const PropertyRun& run,
+                   optimized::Kernels kernels = optimized::Kernels::kHost);
+std::vector<KillRow> run_zoo(const PropertyRun& run,
+                             optimized::Kernels kernels = optimized::Kernels::kHost);
 std::string kill_table(const std::vector<KillRow>& rows);
 
 }  // namespace dflash::harness

@@ -15,29 +15,42 @@
 namespace dflash::harness {
 namespace {
 
-class Zoo : public ::testing::TestWithParam<Mutant> {};
+// Every mutant, with the step's loss and attention on each implementation
+// (optimized/kernels.h): a mutant must die whichever kernels run.
+class Zoo : public ::testing::TestWithParam<std::tuple<Mutant, optimized::Kernels>> {};
 
 TEST_P(Zoo, KilledByTheCheckMeantForIt) {
-  const KillRow r = run_mutant(GetParam(), run_from_env(100, 7));
-  EXPECT_TRUE(r.killed) << GetParam().name << " survived its " << GetParam().meant_for << " check";
-  EXPECT_EQ(r.caught_by, GetParam().meant_for);
+  const auto& [m, kernels] = GetParam();
+  const KillRow r = run_mutant(m, run_from_env(100, 7), kernels);
+  EXPECT_TRUE(r.killed) << m.name << " survived its " << m.meant_for << " check on "
+                        << optimized::kernels_name(kernels) << " kernels";
+  EXPECT_EQ(r.caught_by, m.meant_for);
   EXPECT_FALSE(r.detail.empty()) << "a kill must come with a readable message";
   std::cout << kill_table({r}) << r.detail << "\n";
 }
 
-INSTANTIATE_TEST_SUITE_P(Mutants, Zoo, ::testing::ValuesIn(zoo()),
-                         [](const auto& i) { return i.param.name; });
+INSTANTIATE_TEST_SUITE_P(Mutants, Zoo,
+                         ::testing::Combine(::testing::ValuesIn(zoo()),
+                                            ::testing::Values(optimized::Kernels::kHost,
+                                                              optimized::Kernels::kAten)),
+                         [](const auto& i) {
+                           return std::get<0>(i.param).name + "_" +
+                                  optimized::kernels_name(std::get<1>(i.param));
+                         });
 
 // The unmutated code under the same checks.
 TEST(ZooControls, RealComponentsPassTheMemoryChecks) {
   const AttentionFn sparse = [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                const Anchors& a, int64_t S, int64_t bs, int64_t tile) {
-    return optimized::draft_attention(q, k, v, a, S, bs, tile);
+                                const Anchors& a, int64_t S, int64_t bs, int64_t tile,
+                                optimized::Kernels kernels) {
+    return optimized::draft_attention(q, k, v, a, S, bs, tile, kernels);
   };
-  const MemoryVerdict att = attention_memory_check(sparse);
-  EXPECT_TRUE(att.ok) << att.measured << " > " << att.ceiling << ": " << att.text;
-  const MemoryVerdict loss = loss_memory_check(optimized::loss_and_metrics);
-  EXPECT_TRUE(loss.ok) << loss.measured << " > " << loss.ceiling << ": " << loss.text;
+  for (optimized::Kernels k : {optimized::Kernels::kHost, optimized::Kernels::kAten}) {
+    const MemoryVerdict att = attention_memory_check(sparse, k);
+    EXPECT_TRUE(att.ok) << att.measured << " > " << att.ceiling << ": " << att.text;
+    const MemoryVerdict loss = loss_memory_check(optimized::loss_and_metrics, k);
+    EXPECT_TRUE(loss.ok) << loss.measured << " > " << loss.ceiling << ": " << loss.text;
+  }
 }
 
 TEST(ZooControls, RealStepsPassTheAudit) {

@@ -3,6 +3,7 @@
 #include <ATen/Parallel.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include "optimized/aten_rows.h"
 #include "optimized/row_kernels.h"
 
 namespace dflash::optimized {
@@ -33,15 +34,15 @@ struct ChunkResult {
 ChunkResult run_chunks(const at::Tensor& student, const at::Tensor& teacher, const at::Tensor& W,
                        const at::Tensor& rows, const at::Tensor& trows, const at::Tensor& labels,
                        const at::Tensor& weights, const LossConfig& L, int64_t chunk,
-                       bool want_grad) {
+                       Kernels kernels, bool want_grad) {
   const int64_t M = rows.numel(), H = student.size(1), V = W.size(0);
   const bool with_kl = L.kl_weight != 0;
   const int64_t C = std::max<int64_t>(1, chunk > 0 ? std::min(chunk, M) : M);
   const auto opt = student.options();
   ChunkResult r;
-  r.ce = at::zeros({M}, at::kDouble);
-  r.kl = at::zeros({M}, at::kDouble);
-  r.argmax = at::zeros({M}, at::kLong);
+  r.ce = at::zeros({M}, opt.dtype(at::kDouble));
+  r.kl = at::zeros({M}, opt.dtype(at::kDouble));
+  r.argmax = at::zeros({M}, opt.dtype(at::kLong));
   if (want_grad) r.grad = at::zeros_like(student, at::MemoryFormat::Contiguous);
   at::Tensor xs = at::empty({C, H}, opt), zs = at::empty({C, V}, opt);  // one chunk
   at::Tensor xt, zt;
@@ -61,20 +62,26 @@ ChunkResult run_chunks(const at::Tensor& student, const at::Tensor& teacher, con
       at::index_select_out(xt_c, teacher, 0, trows.narrow(0, c0, n));
       at::mm_out(zt_c, xt_c, W.t());
     }
-    LossRows a{row_dtype(student.scalar_type()),
-               V,
-               zs_c.data_ptr(),
-               with_kl ? zt_c.data_ptr() : nullptr,
-               lab.data_ptr<int64_t>() + c0,
-               w64.data_ptr<double>() + c0,
-               L.ce_weight,
-               L.kl_weight,
-               1.0 / L.temperature,
-               want_grad,
-               r.ce.data_ptr<double>() + c0,
-               r.kl.data_ptr<double>() + c0,
-               r.argmax.data_ptr<int64_t>() + c0};
-    at::parallel_for(0, n, 1, [&](int64_t b, int64_t e) { loss_rows(a, b, e); });
+    if (kernels == Kernels::kAten) {
+      loss_rows_aten({zs_c, zt_c, lab.narrow(0, c0, n), w64.narrow(0, c0, n), L.ce_weight,
+                      L.kl_weight, 1.0 / L.temperature, want_grad, r.ce.narrow(0, c0, n),
+                      r.kl.narrow(0, c0, n), r.argmax.narrow(0, c0, n)});
+    } else {
+      LossRows a{row_dtype(student.scalar_type()),
+                 V,
+                 zs_c.data_ptr(),
+                 with_kl ? zt_c.data_ptr() : nullptr,
+                 lab.data_ptr<int64_t>() + c0,
+                 w64.data_ptr<double>() + c0,
+                 L.ce_weight,
+                 L.kl_weight,
+                 1.0 / L.temperature,
+                 want_grad,
+                 r.ce.data_ptr<double>() + c0,
+                 r.kl.data_ptr<double>() + c0,
+                 r.argmax.data_ptr<int64_t>() + c0};
+      at::parallel_for(0, n, 1, [&](int64_t b, int64_t e) { loss_rows(a, b, e); });
+    }
     ++chunked_loss_stats().chunks;
     if (want_grad) {
       at::Tensor g = gbuf.narrow(0, 0, n);
@@ -92,8 +99,9 @@ struct FusedLoss : public torch::autograd::Function<FusedLoss> {
                                const at::Tensor& teacher, const at::Tensor& W,
                                const at::Tensor& rows, const at::Tensor& trows,
                                const at::Tensor& labels, const at::Tensor& weights,
-                               const LossConfig& L, int64_t chunk) {
-    ChunkResult r = run_chunks(student, teacher, W, rows, trows, labels, weights, L, chunk, true);
+                               const LossConfig& L, int64_t chunk, Kernels kernels) {
+    ChunkResult r =
+        run_chunks(student, teacher, W, rows, trows, labels, weights, L, chunk, kernels, true);
     ctx->save_for_backward({r.grad});
     ctx->mark_non_differentiable({r.ce, r.kl, r.argmax});
     return {r.num, r.ce, r.kl, r.argmax};
@@ -110,7 +118,7 @@ struct FusedLoss : public torch::autograd::Function<FusedLoss> {
     const at::ScalarType acc = grad.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
     at::Tensor gs = g.defined() ? (grad.to(acc) * g.to(acc)).to(grad.scalar_type()) : at::Tensor();
     // One entry per forward argument; W (the frozen LM head) never gets one.
-    return {gs, {}, {}, {}, {}, {}, {}, {}, {}};
+    return {gs, {}, {}, {}, {}, {}, {}, {}, {}, {}};
   }
 };
 
@@ -119,13 +127,14 @@ struct FusedLoss : public torch::autograd::Function<FusedLoss> {
 ChunkedLossOut chunked_lm_loss(const at::Tensor& student, const at::Tensor& teacher,
                                const at::Tensor& W, const at::Tensor& rows, const at::Tensor& trows,
                                const at::Tensor& labels, const at::Tensor& weights,
-                               const LossConfig& L, int64_t chunk) {
+                               const LossConfig& L, int64_t chunk, Kernels kernels) {
   TORCH_CHECK(student.dim() == 2 && W.dim() == 2 && student.size(1) == W.size(1),
               "chunked_lm_loss: student (Ns, H) and lm_head (V, H) expected");
-  TORCH_CHECK(student.is_cpu() && W.is_cpu(),
-              "chunked_lm_loss: the fused loss kernels run on CPU "
-              "tensors (found ",
-              student.device(), "); a GPU build needs device kernels");
+  TORCH_CHECK(student.device() == W.device(), "chunked_lm_loss: student on ", student.device(),
+              " but lm_head on ", W.device());
+  TORCH_CHECK(kernels == Kernels::kAten || student.is_cpu(),
+              "chunked_lm_loss: the host row kernels run on CPU tensors (found ", student.device(),
+              "); use optimized.kernels = \"aten\" or \"auto\"");
   const int64_t M = rows.numel();
   TORCH_CHECK(
       trows.numel() == M && labels.numel() == M && weights.numel() == M,
@@ -139,11 +148,12 @@ ChunkedLossOut chunked_lm_loss(const at::Tensor& student, const at::Tensor& teac
   const bool want_grad = at::GradMode::is_enabled() && student.requires_grad();
   if (!want_grad) {
     at::NoGradGuard no_grad;
-    ChunkResult r = run_chunks(student, teacher, W, rows, trows, labels, weights, L, chunk, false);
+    ChunkResult r =
+        run_chunks(student, teacher, W, rows, trows, labels, weights, L, chunk, kernels, false);
     return {r.num, r.ce, r.kl, r.argmax};
   }
-  variable_list o =
-      FusedLoss::apply(student, teacher, W.detach(), rows, trows, labels, weights, L, chunk);
+  variable_list o = FusedLoss::apply(student, teacher, W.detach(), rows, trows, labels, weights, L,
+                                     chunk, kernels);
   return {o[0], o[1], o[2], o[3]};
 }
 
@@ -155,16 +165,18 @@ StepOutputs loss_and_metrics(const Config& c, const at::Tensor& D, const at::Ten
   // Only counted rows are computed (w > 0 before decay: a decayed weight may
   // underflow to 0, but the slot still counts for the metrics); teacher rows
   // index the flattened (B*S, H) hidden.
-  const at::Tensor w_all = layout.weights.reshape(-1);                        // (B*Q)
-  const at::Tensor rows = layout.counted.reshape(-1).nonzero().reshape(-1);   // (M)
-  const at::Tensor batch_of = at::arange(B, at::kLong).repeat_interleave(Q);  // (B*Q)
+  const at::Tensor w_all = layout.weights.reshape(-1);                       // (B*Q)
+  const at::Tensor rows = layout.counted.reshape(-1).nonzero().reshape(-1);  // (M)
+  const auto idx = D.options().dtype(at::kLong);
+  const at::Tensor batch_of = at::arange(B, idx).repeat_interleave(Q);  // (B*Q)
   const at::Tensor trows =
       (batch_of * S + layout.teacher_index.reshape(-1)).index_select(0, rows);  // (M)
   const at::Tensor labels = layout.labels.reshape(-1).index_select(0, rows);    // (M)
   const at::Tensor weights = w_all.index_select(0, rows);                       // (M)
   const at::Tensor teacher = L.kl_weight != 0 ? Ht.reshape({B * S, H}) : Ht.new_empty({0, H});
-  const ChunkedLossOut r = chunked_lm_loss(D.reshape({B * Q, H}), teacher, lm_head, rows, trows,
-                                           labels, weights, L, L.chunk_size);
+  const ChunkedLossOut r =
+      chunked_lm_loss(D.reshape({B * Q, H}), teacher, lm_head, rows, trows, labels, weights, L,
+                      L.chunk_size, resolve_kernels(c.optimized.kernels, D.device()));
 
   const at::ScalarType acc = r.num.scalar_type();
   const at::Tensor wsum = weights.sum().to(acc);
@@ -176,7 +188,7 @@ StepOutputs loss_and_metrics(const Config& c, const at::Tensor& D, const at::Ten
   out.ce = out.ce_sum / den;
   out.kl = out.kl_sum / den;
   out.weight_sum = wsum;
-  at::Tensor hit = at::zeros({B * Q}, at::kBool);
+  at::Tensor hit = at::zeros({B * Q}, idx.dtype(at::kBool));
   hit.index_put_({rows}, r.argmax == labels);
   out.set_metrics(slot_metrics(hit.view({B, Q}), layout, a));
   out.student_hidden = D.detach();

@@ -11,8 +11,9 @@
 // Under no-grad (evaluation) no gradient is computed at all.
 //
 // Only counted rows are computed (keep = false blocks, slot 0 and masked
-// positions never reach a GEMM); their argmax is all the metrics need. CPU
-// tensors only: the row kernel is host code.
+// positions never reach a GEMM); their argmax is all the metrics need. The
+// row work is the host kernel (CPU) or its ATen twin (any device), chosen by
+// [optimized] kernels; the GEMMs are ATen's either way.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -20,6 +21,7 @@
 #include <atomic>
 
 #include "core/step.h"
+#include "optimized/kernels.h"
 
 namespace dflash::optimized {
 
@@ -39,10 +41,12 @@ struct ChunkedLossOut {
 // teacher (Nt, H) (no grad; may have 0 rows when kl_weight == 0), lm_head
 // (V, H) (frozen: never gets a gradient), rows / teacher_rows / labels (M)
 // int64, weights (M) float64; chunk <= 0 means one chunk of all M rows.
+// `kernels` picks the row work (optimized/kernels.h); host needs CPU tensors.
 ChunkedLossOut chunked_lm_loss(const at::Tensor& student, const at::Tensor& teacher,
                                const at::Tensor& lm_head, const at::Tensor& rows,
                                const at::Tensor& teacher_rows, const at::Tensor& labels,
-                               const at::Tensor& weights, const LossConfig& loss, int64_t chunk);
+                               const at::Tensor& weights, const LossConfig& loss, int64_t chunk,
+                               Kernels kernels = Kernels::kHost);
 
 // Counters for tests (process-wide): chunks run, and chunks that computed a gradient.
 struct ChunkedLossStats {

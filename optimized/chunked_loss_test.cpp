@@ -59,9 +59,10 @@ struct LossRun {
 };
 
 LossRun run(decltype(&reference::loss_and_metrics) fn, const LossCase& lc, const LossInputs& in,
-            at::ScalarType dtype, double upstream) {
+            at::ScalarType dtype, double upstream, Kernels kernels = Kernels::kHost) {
   Config c = fixtures::micro_config();
   c.loss = {lc.ce_weight, lc.kl_weight, lc.temperature, lc.gamma, lc.chunk};
+  c.optimized.kernels = kernels_name(kernels);
   const at::Tensor leaf = in.D.detach().to(dtype).clone().requires_grad_(true);
   const at::Tensor D = leaf * 1.0;  // a non-leaf, as in the step
   LossRun r;
@@ -87,12 +88,17 @@ harness::ComparisonReport compare_runs(const LossRun& opt, const LossRun& same, 
   return rep;
 }
 
-class ChunkedLossParity : public ::testing::TestWithParam<LossCase> {};
+// Every case on both implementations of the row work (optimized/kernels.h).
+class ChunkedLossParity : public ::testing::TestWithParam<std::tuple<LossCase, Kernels>> {
+ protected:
+  const LossCase& lc() const { return std::get<0>(GetParam()); }
+  Kernels kernels() const { return std::get<1>(GetParam()); }
+};
 
 TEST_P(ChunkedLossParity, Float64Tight) {
-  const LossInputs in = make_inputs(GetParam(), 7);
-  const LossRun ref = run(reference::loss_and_metrics, GetParam(), in, at::kDouble, 0.37);
-  const LossRun opt = run(loss_and_metrics, GetParam(), in, at::kDouble, 0.37);
+  const LossInputs in = make_inputs(lc(), 7);
+  const LossRun ref = run(reference::loss_and_metrics, lc(), in, at::kDouble, 0.37);
+  const LossRun opt = run(loss_and_metrics, lc(), in, at::kDouble, 0.37, kernels());
   // Both float64: the only difference is summation order (~1e-16 relative).
   const auto rep = compare_runs(opt, ref, ref, {1.0, 1e-11});
   EXPECT_TRUE(rep.ok()) << rep.format();
@@ -101,10 +107,10 @@ TEST_P(ChunkedLossParity, Float64Tight) {
 }
 
 TEST_P(ChunkedLossParity, Float32ErrorRatio) {
-  const LossInputs in = make_inputs(GetParam(), 8);
-  const LossRun r64 = run(reference::loss_and_metrics, GetParam(), in, at::kDouble, -1.9);
-  const LossRun r32 = run(reference::loss_and_metrics, GetParam(), in, at::kFloat, -1.9);
-  const LossRun opt = run(loss_and_metrics, GetParam(), in, at::kFloat, -1.9);
+  const LossInputs in = make_inputs(lc(), 8);
+  const LossRun r64 = run(reference::loss_and_metrics, lc(), in, at::kDouble, -1.9);
+  const LossRun r32 = run(reference::loss_and_metrics, lc(), in, at::kFloat, -1.9);
+  const LossRun opt = run(loss_and_metrics, lc(), in, at::kFloat, -1.9, kernels());
   // fp32 with another summation order and a 1e-7-accurate exp: within 4x the
   // reference's own fp32 error, plus 1e-7 of the scale (about one fp32 ulp)
   // for tensors where the reference happens to be exact.
@@ -113,17 +119,65 @@ TEST_P(ChunkedLossParity, Float32ErrorRatio) {
   if (std::getenv("DFLASH_VERBOSE")) std::cout << rep.format();
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, ChunkedLossParity, ::testing::ValuesIn(kCases),
-                         [](const auto& i) { return std::string(i.param.name); });
+INSTANTIATE_TEST_SUITE_P(Shapes, ChunkedLossParity,
+                         ::testing::Combine(::testing::ValuesIn(kCases),
+                                            ::testing::Values(Kernels::kHost, Kernels::kAten)),
+                         [](const auto& i) {
+                           return std::string(std::get<0>(i.param).name) + "_" +
+                                  kernels_name(std::get<1>(i.param));
+                         });
 
 TEST(ChunkedLoss, LmHeadNeverGetsAGradient) {
-  const LossInputs in = make_inputs(kCases[0], 3);
-  Config c = fixtures::micro_config();
-  const at::Tensor W = in.W.clone().requires_grad_(true);
-  const at::Tensor D = in.D.clone().requires_grad_(true);
-  loss_and_metrics(c, D, in.Ht, W, in.layout, in.anchors).loss.backward();
-  EXPECT_TRUE(D.grad().defined());
-  EXPECT_FALSE(W.grad().defined());
+  for (const char* kernels : {"host", "aten"}) {
+    const LossInputs in = make_inputs(kCases[0], 3);
+    Config c = fixtures::micro_config();
+    c.optimized.kernels = kernels;
+    const at::Tensor W = in.W.clone().requires_grad_(true);
+    const at::Tensor D = in.D.clone().requires_grad_(true);
+    loss_and_metrics(c, D, in.Ht, W, in.layout, in.anchors).loss.backward();
+    EXPECT_TRUE(D.grad().defined()) << kernels;
+    EXPECT_FALSE(W.grad().defined()) << kernels;
+  }
+}
+
+TEST(Kernels, AutoIsHostOnCpuAndAtenElsewhere) {
+  const c10::Device cpu(c10::kCPU), cuda(c10::kCUDA, 0);
+  EXPECT_EQ(resolve_kernels("auto", cpu), Kernels::kHost);
+  EXPECT_EQ(resolve_kernels("auto", cuda), Kernels::kAten);
+  EXPECT_EQ(resolve_kernels("aten", cpu), Kernels::kAten);
+  EXPECT_EQ(resolve_kernels("host", cpu), Kernels::kHost);
+  try {
+    resolve_kernels("host", cuda);
+    ADD_FAILURE() << "host kernels accepted a CUDA device";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("optimized.kernels = \"host\""), std::string::npos)
+        << e.what();
+  }
+}
+
+// The ATen row work on the same chunk as the host kernel, bit for bit where
+// the math allows: float64 rows agree to rounding, argmax exactly.
+TEST(Kernels, AtenRowsMatchHostRowsInFloat64) {
+  at::manual_seed(11);
+  const int64_t M = 37, H = 8, V = 53;
+  const at::Tensor student = at::randn({M, H}, at::kDouble),
+                   teacher = at::randn({M, H}, at::kDouble);
+  const at::Tensor W = at::randn({V, H}, at::kDouble);
+  const at::Tensor rows = at::arange(M, at::kLong), labels = at::randint(V, {M}, at::kLong);
+  const at::Tensor weights = at::rand({M}, at::kDouble);
+  const LossConfig L{0.6, 0.4, 1.3, 0.0, 5};
+  at::Tensor grads[2];
+  ChunkedLossOut out[2];
+  for (Kernels k : {Kernels::kHost, Kernels::kAten}) {
+    const at::Tensor x = student.clone().requires_grad_(true);
+    out[int(k)] = chunked_lm_loss(x, teacher, W, rows, rows, labels, weights, L, 5, k);
+    out[int(k)].num.backward();
+    grads[int(k)] = x.grad();
+  }
+  EXPECT_TRUE(at::allclose(out[0].ce, out[1].ce, 1e-12, 1e-12));
+  EXPECT_TRUE(at::allclose(out[0].kl, out[1].kl, 1e-12, 1e-12));
+  EXPECT_TRUE(at::equal(out[0].argmax, out[1].argmax));
+  EXPECT_TRUE(at::allclose(grads[0], grads[1], 1e-12, 1e-12));
 }
 
 TEST(ChunkedLoss, NoGradientWorkUnderNoGrad) {

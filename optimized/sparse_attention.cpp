@@ -9,6 +9,7 @@
 #include <limits>
 #include <numeric>
 
+#include "optimized/aten_rows.h"
 #include "optimized/row_kernels.h"
 
 namespace dflash::optimized {
@@ -20,20 +21,23 @@ using torch::autograd::variable_list;
 struct Geometry {
   int64_t B, nh, nkv, G, Q, S, N, bs, hd, tile;
   double scale;
-  at::ScalarType acc;                                // fp64 for float64 inputs, else fp32
+  at::ScalarType acc;  // fp64 for float64 inputs, else fp32
+  Kernels kernels;
+  at::TensorOptions opt;                             // q's device, dtype acc
   int64_t rows_per_block() const { return G * bs; }  // R
 };
 
 Geometry geometry(const at::Tensor& q, const at::Tensor& k, const at::Tensor& anchors, int64_t S,
-                  int64_t bs, int64_t tile) {
+                  int64_t bs, int64_t tile, Kernels kernels) {
   TORCH_CHECK(
       q.dim() == 4 && k.dim() == 4 && q.size(0) == k.size(0) && q.size(3) == k.size(3) &&
           k.size(1) >= 1 && q.size(1) % k.size(1) == 0,
       "draft_attention: q (B, nh, Q, hd) and k/v (B, nkv, S+Q, hd) with nh % nkv == 0 expected");
-  TORCH_CHECK(q.is_cpu() && k.is_cpu(),
-              "draft_attention: the sparse kernels run on CPU tensors "
-              "(found ",
-              q.device(), "); a GPU build needs device kernels");
+  TORCH_CHECK(q.device() == k.device(), "draft_attention: q on ", q.device(), " but k/v on ",
+              k.device());
+  TORCH_CHECK(kernels == Kernels::kAten || q.is_cpu(),
+              "draft_attention: the host row kernels run on CPU tensors (found ", q.device(),
+              "); use optimized.kernels = \"aten\" or \"auto\"");
   TORCH_CHECK(
       anchors.dim() == 2 && anchors.size(0) == q.size(0) && anchors.scalar_type() == at::kLong,
       "draft_attention: anchors must be (B, N) int64");
@@ -45,13 +49,16 @@ Geometry geometry(const at::Tensor& q, const at::Tensor& k, const at::Tensor& an
   g.nkv = k.size(1), g.G = g.nh / g.nkv, g.S = S, g.N = anchors.size(1), g.bs = bs;
   g.tile = tile, g.scale = 1.0 / std::sqrt(double(g.hd));
   g.acc = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  g.kernels = kernels;
+  g.opt = q.options().dtype(g.acc);
   TORCH_CHECK(g.Q == g.N * bs && k.size(2) == S + g.Q && g.nh % g.nkv == 0,
               "draft_attention: inconsistent shapes");
   return g;
 }
 
 // The kept blocks of one (batch row, kv head), sorted by anchor, largest
-// first: the blocks that see context tile [t0, t0 + tile) are then a prefix,
+// first (from CPU copies of anchors and keep; the index tensors then move to
+// the device of q): the blocks that see context tile [t0, t0 + tile) are then a prefix,
 // so each tile is one GEMM over the stacked query rows of that prefix.
 struct Plan {
   std::vector<int64_t> blocks;   // kept block ids, anchor descending
@@ -86,6 +93,10 @@ Plan make_plan(const Geometry& g, const at::Tensor& anchors, const at::Tensor& k
       for (int64_t k = 0; k < g.bs; ++k) *r++ = head * g.Q + n * g.bs + k, *l++ = A[b][n];
   }
   p.block_ids = at::tensor(p.blocks, at::kLong);
+  if (g.opt.device() != p.rows.device()) {
+    p.rows = p.rows.to(g.opt.device()), p.limits = p.limits.to(g.opt.device());
+    p.block_ids = p.block_ids.to(g.opt.device());
+  }
   return p;
 }
 
@@ -110,8 +121,8 @@ char* at_row(const at::Tensor& t, int64_t b, int64_t width, int64_t esz) {
   return static_cast<char*>(t.data_ptr()) + b * width * esz;
 }
 
-void online_softmax_parallel(const AttentionRows& a, at::Tensor& m, at::Tensor& l,
-                             at::Tensor& acc) {
+void online_softmax_parallel(const AttentionRows& a, const at::Tensor& m, const at::Tensor& l,
+                             const at::Tensor& acc) {
   const int64_t hd = acc.size(-1);
   for_row_ranges(a, [&](const AttentionRows& part, int64_t b, int64_t esz) {
     online_softmax_rows(part, at_row(m, b, 1, esz), at_row(l, b, 1, esz), at_row(acc, b, hd, esz),
@@ -120,7 +131,7 @@ void online_softmax_parallel(const AttentionRows& a, at::Tensor& m, at::Tensor& 
 }
 
 void softmax_backward_parallel(const AttentionRows& a, const at::Tensor& lse, const at::Tensor& D,
-                               at::Tensor& dp) {
+                               const at::Tensor& dp) {
   for_row_ranges(a, [&](const AttentionRows& part, int64_t b, int64_t esz) {
     softmax_backward_rows(part, at_row(lse, b, 1, esz), at_row(D, b, 1, esz),
                           at_row(dp, b, a.cols, esz));
@@ -129,6 +140,30 @@ void softmax_backward_parallel(const AttentionRows& a, const at::Tensor& lse, co
 
 RowDtype acc_dtype(const Geometry& g) {
   return g.acc == at::kDouble ? RowDtype::kFloat64 : RowDtype::kFloat32;
+}
+
+// The row work of one tile, host kernel or ATen twin: scores s (n, T) (or
+// (K, R, bs) for the own blocks), limits the first n rows' key limits
+// (undefined: every column visible), t0 the key index of column 0.
+void online(const Geometry& g, const at::Tensor& s, const at::Tensor& limits, int64_t t0,
+            const at::Tensor& m, const at::Tensor& l, const at::Tensor& acc) {
+  const int64_t n = acc.size(0), T = s.numel() / std::max<int64_t>(n, 1);
+  if (g.kernels == Kernels::kAten)
+    return online_softmax_aten(s.view({n, T}), limits, t0, g.scale, m, l, acc);
+  online_softmax_parallel({acc_dtype(g), n, T, s.data_ptr(),
+                           limits.defined() ? limits.data_ptr<int64_t>() : nullptr, t0, g.scale},
+                          m, l, acc);
+}
+
+void softmax_backward(const Geometry& g, const at::Tensor& s, const at::Tensor& limits, int64_t t0,
+                      int64_t n, const at::Tensor& lse, const at::Tensor& D, const at::Tensor& dp) {
+  const int64_t T = s.numel() / std::max<int64_t>(n, 1);
+  if (g.kernels == Kernels::kAten)
+    return softmax_backward_aten(s.view({n, T}), limits, t0, g.scale, lse.narrow(0, 0, n),
+                                 D.narrow(0, 0, n), dp.view({n, T}));
+  softmax_backward_parallel({acc_dtype(g), n, T, s.data_ptr(),
+                             limits.defined() ? limits.data_ptr<int64_t>() : nullptr, t0, g.scale},
+                            lse, D, dp);
 }
 
 at::Tensor mm_acc(const at::Tensor& a, const at::Tensor& b, at::ScalarType acc) {
@@ -149,21 +184,21 @@ void forward_head(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   const at::ScalarType st = q.scalar_type();
   const at::Tensor Qs = q[b].reshape({g.nh * g.Q, g.hd}).index_select(0, p.rows);  // (K*R, hd)
   const at::Tensor Kb = k[b][h], Vb = v[b][h];                                     // (S+Q, hd)
-  at::Tensor acc = at::zeros({rows, g.hd}, g.acc);
-  at::Tensor m = at::full({rows}, -std::numeric_limits<double>::infinity(), g.acc);
-  at::Tensor l = at::zeros({rows}, g.acc);
+  at::Tensor acc = at::zeros({rows, g.hd}, g.opt);
+  at::Tensor m = at::full({rows}, -std::numeric_limits<double>::infinity(), g.opt);
+  at::Tensor l = at::zeros({rows}, g.opt);
   for (int64_t t0 = 0; t0 < p.anchors.front(); t0 += g.tile) {
     const int64_t n = p.prefix_rows(t0, R), T = std::min(g.tile, p.anchors.front() - t0);
     at::Tensor s = mm_acc(Qs.narrow(0, 0, n), Kb.narrow(0, t0, T).t(), g.acc);  // (n, T)
-    online_softmax_parallel(
-        {acc_dtype(g), n, T, s.data_ptr(), p.limits.data_ptr<int64_t>(), t0, g.scale}, m, l, acc);
+    online(g, s, p.limits.narrow(0, 0, n), t0, m.narrow(0, 0, n), l.narrow(0, 0, n),
+           acc.narrow(0, 0, n));
     acc.narrow(0, 0, n).add_(mm_acc(s, Vb.narrow(0, t0, T).to(g.acc), g.acc));
   }
   // Own block keys: a batched (K, R, hd) x (K, hd, bs) product.
   const at::Tensor Ko = Kb.narrow(0, g.S, g.Q).view({g.N, g.bs, g.hd}).index_select(0, p.block_ids);
   const at::Tensor Vo = Vb.narrow(0, g.S, g.Q).view({g.N, g.bs, g.hd}).index_select(0, p.block_ids);
   at::Tensor s = mm_acc(Qs.view({K, R, g.hd}), Ko.transpose(1, 2), g.acc);  // (K, R, bs)
-  online_softmax_parallel({acc_dtype(g), rows, g.bs, s.data_ptr(), nullptr, 0, g.scale}, m, l, acc);
+  online(g, s, at::Tensor(), 0, m, l, acc);
   acc.add_(mm_acc(s, Vo.to(g.acc), g.acc).view({rows, g.hd}));
   const at::Tensor o = acc / l.unsqueeze(1);  // (K*R, hd) in acc precision
   out[b].view({g.nh * g.Q, g.hd}).index_copy_(0, p.rows, o.to(st));
@@ -191,14 +226,14 @@ void backward_head(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
   const at::Tensor D = (dO.to(g.acc) * stacked(out).to(g.acc)).sum(1);           // (K*R)
   const at::Tensor L = lse[b].reshape(-1).index_select(0, p.rows).contiguous();  // (K*R)
   const at::Tensor Kb = k[b][h], Vb = v[b][h];
-  at::Tensor dQ = at::zeros({rows, g.hd}, g.acc);
-  at::Tensor dK = at::zeros({g.S + g.Q, g.hd}, g.acc), dV = at::zeros_like(dK);
+  at::Tensor dQ = at::zeros({rows, g.hd}, g.opt);
+  at::Tensor dK = at::zeros({g.S + g.Q, g.hd}, g.opt), dV = at::zeros_like(dK);
   auto tile = [&](const at::Tensor& Qt, const at::Tensor& dOt, const at::Tensor& Kt,
-                  const at::Tensor& Vt, int64_t n, int64_t T, const int64_t* limits, int64_t t0,
+                  const at::Tensor& Vt, int64_t n, const at::Tensor& limits, int64_t t0,
                   at::Tensor dQt, at::Tensor dKt, at::Tensor dVt) {
     at::Tensor s = mm_acc(Qt, Kt.transpose(-1, -2), g.acc);                        // (.., n, T)
     at::Tensor dP = mm_acc(dOt.to(g.acc), Vt.to(g.acc).transpose(-1, -2), g.acc);  // (.., n, T)
-    softmax_backward_parallel({acc_dtype(g), n, T, s.data_ptr(), limits, t0, g.scale}, L, D, dP);
+    softmax_backward(g, s, limits, t0, n, L, D, dP);
     const at::Tensor dS = dP.to(st);
     dVt.add_(mm_acc(s.to(st).transpose(-1, -2), dOt, g.acc));
     dQt.add_(mm_acc(dS, Kt, g.acc), g.scale);
@@ -206,16 +241,16 @@ void backward_head(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
   };
   for (int64_t t0 = 0; t0 < p.anchors.front(); t0 += g.tile) {
     const int64_t n = p.prefix_rows(t0, R), T = std::min(g.tile, p.anchors.front() - t0);
-    tile(Qs.narrow(0, 0, n), dO.narrow(0, 0, n), Kb.narrow(0, t0, T), Vb.narrow(0, t0, T), n, T,
-         p.limits.data_ptr<int64_t>(), t0, dQ.narrow(0, 0, n), dK.narrow(0, t0, T),
+    tile(Qs.narrow(0, 0, n), dO.narrow(0, 0, n), Kb.narrow(0, t0, T), Vb.narrow(0, t0, T), n,
+         p.limits.narrow(0, 0, n), t0, dQ.narrow(0, 0, n), dK.narrow(0, t0, T),
          dV.narrow(0, t0, T));
   }
   // Own blocks, batched; their dK/dV rows are scattered back by block id.
   auto own = [&](const at::Tensor& x) {
     return x.narrow(0, g.S, g.Q).view({g.N, g.bs, g.hd}).index_select(0, p.block_ids);
   };
-  at::Tensor dKo = at::zeros({K, g.bs, g.hd}, g.acc), dVo = at::zeros_like(dKo);
-  tile(Qs.view({K, R, g.hd}), dO.view({K, R, g.hd}), own(Kb), own(Vb), rows, g.bs, nullptr, 0,
+  at::Tensor dKo = at::zeros({K, g.bs, g.hd}, g.opt), dVo = at::zeros_like(dKo);
+  tile(Qs.view({K, R, g.hd}), dO.view({K, R, g.hd}), own(Kb), own(Vb), rows, at::Tensor(), 0,
        dQ.view({K, R, g.hd}), dKo, dVo);
   dK.narrow(0, g.S, g.Q).view({g.N, g.bs, g.hd}).index_add_(0, p.block_ids, dKo);
   dV.narrow(0, g.S, g.Q).view({g.N, g.bs, g.hd}).index_add_(0, p.block_ids, dVo);
@@ -227,44 +262,52 @@ void backward_head(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
 struct SparseAttention : public torch::autograd::Function<SparseAttention> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q_in, const at::Tensor& k_in,
                             const at::Tensor& v_in, const at::Tensor& anchors,
-                            const at::Tensor& keep, int64_t S, int64_t bs, int64_t tile) {
+                            const at::Tensor& keep, int64_t S, int64_t bs, int64_t tile,
+                            Kernels kernels) {
     const at::Tensor q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous();
-    const Geometry g = geometry(q, k, anchors, S, bs, tile);
+    const Geometry g = geometry(q, k, anchors, S, bs, tile, kernels);
     at::Tensor out = at::zeros_like(q);  // keep = false blocks stay exactly 0
     // Low-precision inputs also keep the output in acc precision for backward.
-    at::Tensor out_acc = q.scalar_type() == g.acc ? at::Tensor() : at::zeros(q.sizes(), g.acc);
-    at::Tensor lse = at::zeros({g.B, g.nh, g.Q}, g.acc);
+    at::Tensor out_acc = q.scalar_type() == g.acc ? at::Tensor() : at::zeros(q.sizes(), g.opt);
+    at::Tensor lse = at::zeros({g.B, g.nh, g.Q}, g.opt);
+    // The block plans are built on the host (a (B, N) copy per call).
+    const at::Tensor anchors_h = anchors.cpu(), keep_h = keep.cpu();
     // Heads run one after another: the GEMMs inside are large enough for
     // the BLAS threads, and BLAS called from inside at::parallel_for
     // oversubscribes the cores (measured 2.5x slower on 2 cores).
     for (int64_t i = 0; i < g.B * g.nkv; ++i)
-      forward_head(q, k, v, anchors, keep, out, out_acc, lse, g, i / g.nkv, i % g.nkv);
+      forward_head(q, k, v, anchors_h, keep_h, out, out_acc, lse, g, i / g.nkv, i % g.nkv);
     ctx->save_for_backward({q, k, v, out_acc.defined() ? out_acc : out, lse, anchors, keep});
     ctx->saved_data["S"] = S;
     ctx->saved_data["bs"] = bs;
     ctx->saved_data["tile"] = tile;
+    ctx->saved_data["kernels"] = int64_t(kernels);
     return out;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto s = ctx->get_saved_variables();
     const at::Tensor &q = s[0], &k = s[1], &v = s[2], &out = s[3], &lse = s[4];
-    const Geometry g = geometry(q, k, s[5], ctx->saved_data["S"].toInt(),
-                                ctx->saved_data["bs"].toInt(), ctx->saved_data["tile"].toInt());
+    const Geometry g =
+        geometry(q, k, s[5], ctx->saved_data["S"].toInt(), ctx->saved_data["bs"].toInt(),
+                 ctx->saved_data["tile"].toInt(), Kernels(ctx->saved_data["kernels"].toInt()));
     const at::Tensor dout = grads[0].contiguous();  // the real, per-element upstream gradient
     at::Tensor dq = at::zeros_like(q), dk = at::zeros_like(k), dv = at::zeros_like(v);
+    const at::Tensor anchors_h = s[5].cpu(), keep_h = s[6].cpu();
     for (int64_t i = 0; i < g.B * g.nkv; ++i)
-      backward_head(q, k, v, out, lse, dout, s[5], s[6], dq, dk, dv, g, i / g.nkv, i % g.nkv);
-    return {dq, dk, dv, {}, {}, {}, {}, {}};
+      backward_head(q, k, v, out, lse, dout, anchors_h, keep_h, dq, dk, dv, g, i / g.nkv,
+                    i % g.nkv);
+    return {dq, dk, dv, {}, {}, {}, {}, {}, {}};
   }
 };
 
 }  // namespace
 
 at::Tensor draft_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                           const Anchors& a, int64_t S, int64_t bs, int64_t tile) {
+                           const Anchors& a, int64_t S, int64_t bs, int64_t tile, Kernels kernels) {
   TORCH_CHECK(tile >= 1, "draft_attention: tile must be >= 1");
-  return SparseAttention::apply(q, k, v, a.anchors.contiguous(), a.keep.contiguous(), S, bs, tile);
+  return SparseAttention::apply(q, k, v, a.anchors.contiguous(), a.keep.contiguous(), S, bs, tile,
+                                kernels);
 }
 
 at::Tensor draft_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

@@ -8,12 +8,16 @@
 // never visited, so no (Q, S+Q) score or mask tensor exists; a keep = false
 // block outputs exactly 0. Backward recomputes each tile's probabilities from
 // the saved log-sum-exp. Scores and softmax statistics accumulate in fp32 (or
-// fp64 for float64 inputs); GEMMs run in the input dtype.
+// fp64 for float64 inputs); GEMMs run in the input dtype. The online-softmax
+// row work is the host kernel (CPU) or its ATen twin (any device), chosen by
+// `kernels` ([optimized] kernels); plans are built on the host from (B, N)
+// copies of anchors and keep.
 #pragma once
 
 #include <ATen/ATen.h>
 
 #include "core/batch.h"
+#include "optimized/kernels.h"
 
 namespace dflash::optimized {
 
@@ -24,6 +28,7 @@ constexpr int64_t kDefaultAttentionTile = 256;
 at::Tensor draft_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                            const Anchors& a, int64_t seq_len, int64_t block_size);
 at::Tensor draft_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                           const Anchors& a, int64_t seq_len, int64_t block_size, int64_t tile);
+                           const Anchors& a, int64_t seq_len, int64_t block_size, int64_t tile,
+                           Kernels kernels = Kernels::kHost);
 
 }  // namespace dflash::optimized

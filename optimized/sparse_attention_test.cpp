@@ -55,23 +55,24 @@ struct AttnRun {
 };
 
 template <typename Fn>
-AttnRun run(Fn fn, const AttnCase& c, const AttnInputs& in, at::ScalarType dt) {
+AttnRun run(Fn fn, const AttnCase& c, const AttnInputs& in, at::ScalarType dt,
+            Kernels kernels = Kernels::kHost) {
   auto leaf = [&](const at::Tensor& t) { return t.detach().to(dt).clone().requires_grad_(true); };
   const at::Tensor q = leaf(in.q), k = leaf(in.k), v = leaf(in.v);
   AttnRun r;
-  r.out = fn(q, k, v, in.a, c.S, c.bs, c.tile);
+  r.out = fn(q, k, v, in.a, c.S, c.bs, c.tile, kernels);
   (r.out * in.dout.to(dt)).sum().backward();
   r.dq = q.grad(), r.dk = k.grad(), r.dv = v.grad();
   return r;
 }
 
 at::Tensor reference_fn(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                        const Anchors& a, int64_t S, int64_t bs, int64_t) {
+                        const Anchors& a, int64_t S, int64_t bs, int64_t, Kernels) {
   return reference::draft_attention(q, k, v, a, S, bs);
 }
 at::Tensor sparse_fn(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                     const Anchors& a, int64_t S, int64_t bs, int64_t tile) {
-  return draft_attention(q, k, v, a, S, bs, tile);
+                     const Anchors& a, int64_t S, int64_t bs, int64_t tile, Kernels kernels) {
+  return draft_attention(q, k, v, a, S, bs, tile, kernels);
 }
 
 harness::ComparisonReport compare_runs(const AttnRun& o, const AttnRun& same, const AttnRun& r64,
@@ -84,22 +85,27 @@ harness::ComparisonReport compare_runs(const AttnRun& o, const AttnRun& same, co
   return rep;
 }
 
-class SparseAttentionParity : public ::testing::TestWithParam<AttnCase> {};
+// Every case on both implementations of the row work (optimized/kernels.h).
+class SparseAttentionParity : public ::testing::TestWithParam<std::tuple<AttnCase, Kernels>> {
+ protected:
+  const AttnCase& ac() const { return std::get<0>(GetParam()); }
+  Kernels kernels() const { return std::get<1>(GetParam()); }
+};
 
 TEST_P(SparseAttentionParity, Float64Tight) {
-  const AttnInputs in = make_inputs(GetParam(), 1);
-  const AttnRun ref = run(reference_fn, GetParam(), in, at::kDouble);
-  const AttnRun opt = run(sparse_fn, GetParam(), in, at::kDouble);
+  const AttnInputs in = make_inputs(ac(), 1);
+  const AttnRun ref = run(reference_fn, ac(), in, at::kDouble);
+  const AttnRun opt = run(sparse_fn, ac(), in, at::kDouble, kernels());
   // float64 both: online vs one-shot softmax differ by rounding only.
   const auto rep = compare_runs(opt, ref, ref, {1.0, 1e-12});
   EXPECT_TRUE(rep.ok()) << rep.format();
 }
 
 TEST_P(SparseAttentionParity, Float32ErrorRatio) {
-  const AttnInputs in = make_inputs(GetParam(), 2);
-  const AttnRun r64 = run(reference_fn, GetParam(), in, at::kDouble);
-  const AttnRun r32 = run(reference_fn, GetParam(), in, at::kFloat);
-  const AttnRun opt = run(sparse_fn, GetParam(), in, at::kFloat);
+  const AttnInputs in = make_inputs(ac(), 2);
+  const AttnRun r64 = run(reference_fn, ac(), in, at::kDouble);
+  const AttnRun r32 = run(reference_fn, ac(), in, at::kFloat);
+  const AttnRun opt = run(sparse_fn, ac(), in, at::kFloat, kernels());
   // fp32, other summation order (tiles, online rescaling): 4x the reference's
   // own fp32 error plus about one fp32 ulp of the scale.
   const auto rep = compare_runs(opt, r32, r64, {4.0, 1e-7});
@@ -107,15 +113,25 @@ TEST_P(SparseAttentionParity, Float32ErrorRatio) {
   if (std::getenv("DFLASH_VERBOSE")) std::cout << rep.format();
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, SparseAttentionParity, ::testing::ValuesIn(kCases),
-                         [](const auto& i) { return std::string(i.param.name); });
+INSTANTIATE_TEST_SUITE_P(Shapes, SparseAttentionParity,
+                         ::testing::Combine(::testing::ValuesIn(kCases),
+                                            ::testing::Values(Kernels::kHost, Kernels::kAten)),
+                         [](const auto& i) {
+                           return std::string(std::get<0>(i.param).name) + "_" +
+                                  kernels_name(std::get<1>(i.param));
+                         });
 
 TEST(SparseAttention, KeepFalseBlocksOutputExactlyZero) {
-  AttnInputs in = make_inputs(kCases[0], 3);
-  in.a.keep[0].fill_(false);
-  const at::Tensor out = draft_attention(in.q, in.k, in.v, in.a, 23, 3, 5);
-  EXPECT_EQ(out[0].abs().max().item<double>(), 0.0);
-  EXPECT_TRUE(at::isfinite(out).all().item<bool>());
+  for (Kernels kernels : {Kernels::kHost, Kernels::kAten}) {
+    AttnInputs in = make_inputs(kCases[0], 3);
+    in.a.keep[0].fill_(false);
+    const at::Tensor q = in.q.clone().requires_grad_(true);
+    const at::Tensor out = draft_attention(q, in.k, in.v, in.a, 23, 3, 5, kernels);
+    EXPECT_EQ(out[0].abs().max().item<double>(), 0.0) << kernels_name(kernels);
+    EXPECT_TRUE(at::isfinite(out).all().item<bool>()) << kernels_name(kernels);
+    out.backward(in.dout);
+    EXPECT_EQ(q.grad()[0].abs().max().item<double>(), 0.0) << kernels_name(kernels);
+  }
 }
 
 TEST(SparseAttention, NeverAllocatesAScoreMatrix) {
@@ -126,14 +142,16 @@ TEST(SparseAttention, NeverAllocatesAScoreMatrix) {
   const at::Tensor q = at::randn({B, nh, Q, hd}), k = at::randn({B, nkv, S + Q, hd}),
                    v = at::randn({B, nkv, S + Q, hd});
   Anchors a{at::randint(1, S - 1, {B, N}, at::kLong), at::ones({B, N}, at::kBool)};
-  int64_t peak;
-  {
-    AllocProbe::Scope scope;
-    at::Tensor out = draft_attention(q, k, v, a, S, bs, 64);
-    peak = scope.peak_delta();
+  for (Kernels kernels : {Kernels::kHost, Kernels::kAten}) {
+    int64_t peak;
+    {
+      AllocProbe::Scope scope;
+      at::Tensor out = draft_attention(q, k, v, a, S, bs, 64, kernels);
+      peak = scope.peak_delta();
+    }
+    const int64_t scores = B * nh * Q * (S + Q) * 4;
+    EXPECT_LT(peak, scores / 8) << "peak " << peak << " bytes, " << kernels_name(kernels);
   }
-  const int64_t scores = B * nh * Q * (S + Q) * 4;
-  EXPECT_LT(peak, scores / 8) << "peak " << peak << " bytes";
 }
 
 }  // namespace

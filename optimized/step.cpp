@@ -36,8 +36,8 @@ DraftLayout real_layout(const Config& c, const StepInputs& in) {
 }
 
 at::Tensor real_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                          const Anchors& a, int64_t S, int64_t bs, int64_t tile) {
-  return draft_attention(q, k, v, a, S, bs, tile);
+                          const Anchors& a, int64_t S, int64_t bs, int64_t tile, Kernels kernels) {
+  return draft_attention(q, k, v, a, S, bs, tile, kernels);
 }
 
 }  // namespace
@@ -58,12 +58,13 @@ at::Tensor drafter_hidden(const Config& c, const DrafterWeights& w, const Frozen
   const reference::DraftRope rope = reference::draft_rope(S, layout.positions, s, x.scalar_type());
   // Captured by value: a checkpointed layer re-runs this in backward, after
   // drafter_hidden has returned.
-  const reference::AttentionFn attend = [a = in.anchors, S, bs, o, sparse = parts.attention](
-                                            const at::Tensor& q, const at::Tensor& k,
-                                            const at::Tensor& v) {
-    return o.sparse_attention ? sparse(q, k, v, a, S, bs, o.attention_tile)
-                              : reference::draft_attention(q, k, v, a, S, bs);
-  };
+  const Kernels kernels = resolve_kernels(o.kernels, x.device());
+  const reference::AttentionFn attend =
+      [a = in.anchors, S, bs, o, kernels, sparse = parts.attention](
+          const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+        return o.sparse_attention ? sparse(q, k, v, a, S, bs, o.attention_tile, kernels)
+                                  : reference::draft_attention(q, k, v, a, S, bs);
+      };
   for (size_t i = 0; i < w.layers.size(); ++i) {
     const DecoderLayerWeights& lw = w.layers[i];
     if (!o.checkpoint_layers) {

@@ -11,6 +11,7 @@
 
 #include "core/step.h"
 #include "optimized/checkpoint.h"
+#include "optimized/kernels.h"
 
 namespace dflash::optimized {
 
@@ -21,7 +22,8 @@ struct Components {
   std::function<DraftLayout(const Config&, const StepInputs&)> layout;
   // Sparse attention: q (B, nh, Q, hd), k/v (B, nkv, S+Q, hd) -> (B, nh, Q, hd).
   std::function<at::Tensor(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                           const Anchors& a, int64_t seq_len, int64_t block_size, int64_t tile)>
+                           const Anchors& a, int64_t seq_len, int64_t block_size, int64_t tile,
+                           Kernels kernels)>
       attention;
   std::function<StepOutputs(const Config&, const at::Tensor& student_hidden,
                             const at::Tensor& target_hidden, const at::Tensor& lm_head,

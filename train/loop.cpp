@@ -21,7 +21,6 @@
 #include "harness/step_dump.h"
 #include "optimized/step.h"
 #include "optimized/target.h"
-#include "optimized/train.h"
 #include "reference/step.h"
 #include "reference/target.h"
 #include "train/checkpoint.h"
@@ -29,6 +28,7 @@
 #include "train/hf.h"
 #include "train/report.h"
 #include "train/run_state.h"
+#include "train/split_loop.h"
 
 namespace dflash::train {
 namespace fs = std::filesystem;

@@ -7,7 +7,7 @@
 // checkpoints -> report.html. A non-finite loss or gradient stops the run
 // with a step dump (dflash step --from) naming the first non-finite tensor.
 // Launched with RANK / WORLD_SIZE > 1 it runs the target/drafter split
-// (optimized/train.h) instead.
+// (train/split_loop.h) instead.
 #pragma once
 
 #include <cstdint>

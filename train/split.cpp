@@ -10,9 +10,9 @@
 #include <filesystem>
 
 #include "core/safetensors.h"
-#include "optimized/train.h"
 #include "train/report.h"
 #include "train/run_state.h"
+#include "train/split_loop.h"
 
 namespace dflash::train::detail {
 namespace fs = std::filesystem;

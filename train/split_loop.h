@@ -17,7 +17,7 @@
 
 #include "core/optim.h"
 #include "core/step.h"
-#include "optimized/dist.h"
+#include "train/dist.h"
 
 namespace dflash::train {
 
@@ -81,7 +81,7 @@ void check_cpu_device(const Config& c);
 // (config hash compared) and trains.
 int run_train(const Config& c, const TrainOptions& o);
 
-// `dflash bench --dist` inside a launched rank (optimized/dist_throughput.cpp).
+// `dflash bench --dist` inside a launched rank (train/dist_throughput.cpp).
 int run_dist_bench(const std::string& config);
 
 }  // namespace dflash::train

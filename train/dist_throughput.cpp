@@ -6,8 +6,8 @@
 
 #include <chrono>
 
-#include "optimized/dist.h"
-#include "optimized/train.h"
+#include "train/dist.h"
+#include "train/split_loop.h"
 
 namespace dflash::train {
 namespace {

@@ -1,4 +1,4 @@
-#include "optimized/train.h"
+#include "train/split_loop.h"
 
 #include <fmt/format.h>
 

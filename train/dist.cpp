@@ -1,4 +1,4 @@
-#include "optimized/dist.h"
+#include "train/dist.h"
 
 #include <fmt/format.h>
 
