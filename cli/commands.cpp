@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/config.h"
+#include "core/device.h"
 #include "core/env.h"
 #include "core/safetensors.h"
 #include "core/step.h"
@@ -100,21 +101,37 @@ int cmd_step(const StepArgs& a) {
   if (!a.from.empty()) {
     harness::StepDump d = harness::read_step_dump(a.from);
     const int threads = configure_threads(a.threads >= 0 ? a.threads : d.config.run.threads);
+    if (!a.device.empty()) {
+      d.config.topology.device = a.device;
+      validate_config(d.config);
+    }
+    const c10::Device dev = config_device(d.config);
+    activate_device(dev, "dflash step --device");
+    to_device(d.drafter, dev), to_device(d.frozen, dev);
+    d.inputs = to_device(d.inputs, dev);
     const auto t0 = std::chrono::steady_clock::now();
     StepResult r = run_step(step_fn(a.build), d.config, d.drafter, d.frozen, d.inputs);
     print_step_table(d.config, d.inputs, r, a.build, a.from, threads, seconds_since(t0));
     const bool same = compare_recorded(d, r);
     return (a.check && !same) ? 1 : 0;
   }
-  const Config c = load_config(a.config);
+  Config c = load_config(a.config);
+  if (!a.device.empty()) {
+    c.topology.device = a.device;
+    validate_config(c);
+  }
   harness::guard_memory(
       c, a.build == "reference" ? harness::Workload::kReferenceStep : harness::Workload::kStep,
       "dflash step");
   const int threads = configure_threads(a.threads >= 0 ? a.threads : c.run.threads);
+  const c10::Device dev = config_device(c);
+  activate_device(dev, c.path + ": topology.device");
   const auto t0 = std::chrono::steady_clock::now();
-  const TargetWeights target = fixtures::make_target(c);
-  const DrafterWeights drafter = fixtures::make_drafter(c);
-  const StepInputs in = fixtures::make_step_inputs(c, target, a.step);
+  TargetWeights target = fixtures::make_target(c);
+  DrafterWeights drafter = fixtures::make_drafter(c);
+  // The fixture batch is built on the host, then the step runs on the device.
+  const StepInputs in = to_device(fixtures::make_step_inputs(c, target, a.step), dev);
+  to_device(target, dev), to_device(drafter, dev);
   StepResult r = run_step(step_fn(a.build), c, drafter, target.frozen(), in);
   print_step_table(c, in, r, a.build, a.config, threads, seconds_since(t0));
   return 0;
@@ -150,10 +167,13 @@ int cmd_bench(const BenchArgs& a) {
     if (dist::env_from_process().present) return train::run_dist_bench(a.dist_config);
     const Config c = load_config(a.dist_config);
     harness::guard_memory(c, harness::Workload::kTrain, "dflash bench --dist");
-    return cmd_launch({c.topology.world_size, 5.0, {"bench", "--dist", "--config", a.dist_config}});
+    LaunchArgs l;
+    l.nproc = c.topology.world_size;
+    l.args = {"bench", "--dist", "--config", a.dist_config};
+    return cmd_launch(l);
   }
   configure_threads(a.threads);
-  return harness::run_bench({a.cases, a.quick, a.repeats, a.json});
+  return harness::run_bench({a.cases, a.quick, a.repeats, a.json, a.device});
 }
 
 namespace {

@@ -14,6 +14,7 @@ struct StepArgs {
   int64_t threads = -1;  // --threads: overrides run.threads when >= 0
   bool check = false;    // --check: exit 1 unless the recorded loss is reproduced bit for bit
   std::string build = "reference";  // --build: reference | optimized
+  std::string device;               // --device: overrides topology.device
 };
 int cmd_step(const StepArgs& a);
 
@@ -38,12 +39,17 @@ struct BenchArgs {
   int repeats = 2;
   std::string json;
   int64_t threads = 0;
+  std::string device = "cpu";  // --device: cpu, cuda, cuda:N
 };
 int cmd_bench(const BenchArgs& a);
 
 struct LaunchArgs {
-  int64_t nproc = 1;
-  double grace_s = 5.0;  // SIGTERM -> SIGKILL
+  int64_t nproc = 1;        // ranks on this node
+  int64_t nnodes = 1;       // nodes in the run (one launcher per node)
+  int64_t node_rank = 0;    // this node: its ranks are node_rank * nproc + [0, nproc)
+  std::string master_addr;  // several nodes: node 0's address (rank 0 serves the store)
+  int master_port = 0;      // 0: $MASTER_PORT, else a free port (one node only)
+  double grace_s = 5.0;     // SIGTERM -> SIGKILL
   std::vector<std::string> args;
 };
 int cmd_launch(const LaunchArgs& a);

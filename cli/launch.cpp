@@ -1,6 +1,7 @@
 // `dflash launch --nproc N -- <subcommand ...>`: N local ranks with
 // torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
-// MASTER_PORT), their output forwarded line by line with a rank prefix. When
+// MASTER_PORT; with --nnodes also NODE_RANK and LOCAL_WORLD_SIZE, one
+// launcher per node), their output forwarded line by line with a rank prefix. When
 // one rank fails, the others are stopped (SIGTERM, then SIGKILL after a
 // grace period) and the launcher returns the failing rank's exit code.
 #include <arpa/inet.h>
@@ -50,7 +51,14 @@ struct Child {
   int code = 0;
 };
 
-Child spawn(int64_t rank, int64_t n, int port, const std::vector<std::string>& args) {
+struct Placement {
+  int64_t nproc, nnodes, node_rank;
+  std::string master_addr;
+  int port;
+  int64_t rank(int64_t local) const { return node_rank * nproc + local; }
+};
+
+Child spawn(int64_t local, const Placement& p, const std::vector<std::string>& args) {
   int fds[2];
   if (pipe(fds) != 0) throw std::runtime_error("launch: pipe failed");
   Child c;
@@ -62,14 +70,19 @@ Child spawn(int64_t rank, int64_t n, int port, const std::vector<std::string>& a
     dup2(fds[1], 2);
     close(fds[0]);
     close(fds[1]);
-    setenv("RANK", std::to_string(rank).c_str(), 1);
-    setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
-    setenv("WORLD_SIZE", std::to_string(n).c_str(), 1);
-    setenv("MASTER_ADDR", "127.0.0.1", 0);
-    setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+    setenv("RANK", std::to_string(p.rank(local)).c_str(), 1);
+    setenv("LOCAL_RANK", std::to_string(local).c_str(), 1);
+    setenv("WORLD_SIZE", std::to_string(p.nproc * p.nnodes).c_str(), 1);
+    setenv("LOCAL_WORLD_SIZE", std::to_string(p.nproc).c_str(), 1);
+    setenv("NODE_RANK", std::to_string(p.node_rank).c_str(), 1);
+    if (!p.master_addr.empty())
+      setenv("MASTER_ADDR", p.master_addr.c_str(), 1);
+    else if (!std::getenv("MASTER_ADDR"))
+      setenv("MASTER_ADDR", "127.0.0.1", 1);
+    setenv("MASTER_PORT", std::to_string(p.port).c_str(), 1);
     if (!std::getenv("OMP_NUM_THREADS")) {  // share the cores instead of oversubscribing them
       const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-      setenv("OMP_NUM_THREADS", std::to_string(std::max<int64_t>(1, cores / n)).c_str(), 1);
+      setenv("OMP_NUM_THREADS", std::to_string(std::max<int64_t>(1, cores / p.nproc)).c_str(), 1);
     }
     std::vector<char*> argv;
     std::string self = "dflash";
@@ -136,11 +149,23 @@ int cmd_launch(const LaunchArgs& a) {
   if (a.args.empty())
     throw std::runtime_error(
         "launch: nothing to run (dflash launch --nproc N -- <subcommand ...>)");
+  if (a.nnodes < 1 || a.node_rank < 0 || a.node_rank >= a.nnodes)
+    throw std::runtime_error(
+        fmt::format("launch: --node-rank {} is outside [0, --nnodes {})", a.node_rank, a.nnodes));
+  const char* env_port = std::getenv("MASTER_PORT");
+  const char* env_addr = std::getenv("MASTER_ADDR");
+  Placement place{a.nproc, a.nnodes, a.node_rank, a.master_addr,
+                  a.master_port > 0 ? a.master_port
+                  : env_port        ? std::atoi(env_port)
+                                    : 0};
+  if (a.nnodes > 1 && (place.port == 0 || (place.master_addr.empty() && !env_addr)))
+    throw std::runtime_error(
+        "launch: several nodes need the rendezvous named: --master-addr (node 0's address) and "
+        "--master-port (or MASTER_ADDR / MASTER_PORT), the same on every node");
+  if (place.port == 0) place.port = free_port();
   if (const int gate = preflight_before_training(a.args); gate != 0) return gate;
-  const char* p = std::getenv("MASTER_PORT");
-  const int port = p ? std::atoi(p) : free_port();
   std::vector<Child> kids;
-  for (int64_t r = 0; r < a.nproc; ++r) kids.push_back(spawn(r, a.nproc, port, a.args));
+  for (int64_t r = 0; r < a.nproc; ++r) kids.push_back(spawn(r, place, a.args));
   int64_t failed_rank = -1;
   int failed_code = 0;
   auto deadline = std::chrono::steady_clock::time_point::max();
@@ -151,17 +176,17 @@ int cmd_launch(const LaunchArgs& a) {
     int running = 0;
     for (size_t r = 0; r < kids.size(); ++r) {
       Child& k = kids[r];
-      forward(k, int64_t(r), false);
+      forward(k, place.rank(int64_t(r)), false);
       if (!k.running) continue;
       int status = 0;
       if (waitpid(k.pid, &status, WNOHANG) == k.pid) {
         k.running = false;
         k.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        forward(k, int64_t(r), true);
+        forward(k, place.rank(int64_t(r)), true);
         if (k.code != 0 && failed_rank < 0) {
-          failed_rank = int64_t(r), failed_code = k.code;
-          fmt::print("dflash launch: rank {} exited with code {}; stopping the other ranks\n", r,
-                     k.code);
+          failed_rank = place.rank(int64_t(r)), failed_code = k.code;
+          fmt::print("dflash launch: rank {} exited with code {}; stopping the other ranks\n",
+                     failed_rank, k.code);
           for (auto& o : kids)
             if (o.running) kill(o.pid, SIGCONT), kill(o.pid, SIGTERM);
           deadline = std::chrono::steady_clock::now() +

@@ -50,6 +50,8 @@ void add_step(CLI::App& app, Subcommands& subs) {
       ->check(CLI::IsMember({"reference", "optimized"}));
   s->add_flag("--check", a->check,
               "With --from: exit 1 unless the recorded loss is reproduced bit for bit");
+  s->add_option("--device", a->device,
+                "Run the step on cpu, cuda or cuda:N (default: the config's topology.device)");
   s->callback([a] {
     if (a->config.empty() && a->from.empty()) throw CLI::RequiredError("--config or --from");
   });
@@ -87,6 +89,8 @@ void add_bench(CLI::App& app, Subcommands& subs) {
   b->add_option("--repeats", a->repeats, "Runs per path; the best time is reported");
   b->add_option("--json", a->json, "Also write the results as JSON");
   b->add_option("--threads", a->threads, "Intra-op threads (default: OMP_NUM_THREADS or cores)");
+  b->add_option("--device", a->device,
+                "cpu, cuda or cuda:N (CUDA: bf16 at the GPU sizes of docs/GPU.md unless --quick)");
   b->add_flag("--dist", a->dist,
               "Transfer throughput, all-reduce busbw and waiting fraction of "
               "the target/drafter split (launches the config's ranks)");
@@ -115,6 +119,9 @@ void add_harness(CLI::App& app, Subcommands& subs) {
                  "Check a zoo mutant instead (shows a failure; with "
                  "--reproduce, replays against it)");
   ps->add_flag("--no-zoo", *no_zoo, "Skip the bug zoo");
+  ps->add_option("--device", p->device,
+                 "Run the optimized candidate on cpu, cuda or cuda:N; the references stay on "
+                 "the CPU in float64");
   ps->add_flag("--measure-tolerances", p->measure_tolerances,
                "Instead of the checks: tabulate the error ratios and floors the real code "
                "needs, per property, dtype and tensor (docs/HARNESS.md)");
@@ -159,6 +166,8 @@ void add_plan_and_preflight(CLI::App& app, Subcommands& subs) {
   pf->add_option("--cases", pre->cases, "Cases per parity property (default 100)");
   pf->add_option("--seed", pre->seed, "Property seed (default 1)");
   pf->add_option("--mutant", pre->mutant, "Test hook: replace a component by a bug-zoo mutant");
+  pf->add_option("--device", pre->device,
+                 "Override topology.device (cpu, cuda, cuda:N): the config's run on that device");
   pf->add_option("--out-dir", pre->out_dir,
                  "Where a failing twin-parity case is written (default: .)");
   auto* env_file = pf->add_option("--env", pre->env_file,
@@ -178,7 +187,14 @@ void add_train_and_launch(CLI::App& app, Subcommands& subs, LaunchArgs& launch) 
   auto* la = app.add_subcommand("launch",
                                 "Run N local ranks (torchrun's environment) of a dflash "
                                 "subcommand: dflash launch --nproc N -- train --config C");
-  la->add_option("--nproc", launch.nproc, "Number of ranks")->required();
+  la->add_option("--nproc", launch.nproc, "Number of ranks on this node")->required();
+  la->add_option("--nnodes", launch.nnodes, "Nodes in the run: one launcher per node (default 1)");
+  la->add_option("--node-rank", launch.node_rank,
+                 "This node (0 serves the rendezvous); ranks node_rank * nproc + [0, nproc)");
+  la->add_option("--master-addr", launch.master_addr,
+                 "Node 0's address (default $MASTER_ADDR, else 127.0.0.1 on one node)");
+  la->add_option("--master-port", launch.master_port,
+                 "Rendezvous port (default $MASTER_PORT, else a free port on one node)");
   la->add_option("--grace", launch.grace_s,
                  "Seconds between SIGTERM and SIGKILL when a rank fails");
   subs.add(la, [&launch] { return cmd_launch(launch); });
@@ -201,6 +217,8 @@ void add_train_and_launch(CLI::App& app, Subcommands& subs, LaunchArgs& launch) 
   tr->add_option("--build", o->build, "reference or optimized")
       ->check(CLI::IsMember({"reference", "optimized"}));
   tr->add_option("--out-params", o->out_params, "Also write the final drafter parameters here");
+  tr->add_option("--device", o->device,
+                 "Override topology.device: cpu, cuda or cuda:N (one process; docs/GPU.md)");
   tr->add_option("--test-poison-step", o->poison_step,
                  "Test hook: write a NaN into fc.weight before this step");
   tr->add_flag("--zoo-per-rank-normalisation", o->per_rank_normalisation,

@@ -2,8 +2,10 @@
 
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
+#include <c10/core/CachingDeviceAllocator.h>
 #include <torch/version.h>
 
+#include <algorithm>
 #include <atomic>
 #include <mutex>
 #include <unordered_map>
@@ -90,15 +92,62 @@ void AllocProbe::install() {
 
 int64_t AllocProbe::live_bytes() { return g_live.load(); }
 
-AllocProbe::Scope::Scope() : start_(g_live.load()), saved_peak_(g_peak.load()) {
-  g_peak.store(start_);
+namespace {
+
+// A device's caching allocator (CUDA): allocated bytes, all pools.
+c10::DeviceAllocator* device_allocator(const c10::Device& d) {
+  return c10::getDeviceAllocator(d.type());
+}
+c10::DeviceIndex index_of(const c10::Device& d) { return d.has_index() ? d.index() : 0; }
+constexpr size_t kAllPools = 0;  // StatType::AGGREGATE
+
+// The allocator's peak can only be reset, not raised: what an enclosing
+// scope had reached before a nested one reset it is carried here, per device.
+std::mutex g_carry_mutex;
+std::unordered_map<int, int64_t>& carried() {
+  static auto* m = new std::unordered_map<int, int64_t>();
+  return *m;
+}
+
+int64_t device_peak(const c10::Device& d) {
+  const auto s = device_allocator(d)->getDeviceStats(index_of(d));
+  std::lock_guard<std::mutex> lock(g_carry_mutex);
+  return std::max<int64_t>(s.allocated_bytes[kAllPools].peak, carried()[index_of(d)]);
+}
+
+}  // namespace
+
+int64_t AllocProbe::live_bytes(const c10::Device& d) {
+  if (d.is_cpu()) return g_live.load();
+  return device_allocator(d)->getDeviceStats(index_of(d)).allocated_bytes[kAllPools].current;
+}
+
+AllocProbe::Scope::Scope(c10::Device device)
+    : device_(device), start_(live_bytes(device)), saved_peak_(0) {
+  if (device_.is_cpu()) {
+    saved_peak_ = g_peak.load();
+    g_peak.store(start_);
+    return;
+  }
+  saved_peak_ = device_peak(device_);
+  device_allocator(device_)->resetPeakStats(index_of(device_));
+  std::lock_guard<std::mutex> lock(g_carry_mutex);
+  carried()[index_of(device_)] = 0;
 }
 
 AllocProbe::Scope::~Scope() {
   // The enclosing scope sees the max of its own and this scope's peak.
-  raise_peak(saved_peak_);
+  if (device_.is_cpu()) {
+    raise_peak(saved_peak_);
+    return;
+  }
+  const int64_t inner = device_peak(device_);
+  std::lock_guard<std::mutex> lock(g_carry_mutex);
+  carried()[index_of(device_)] = std::max(saved_peak_, inner);
 }
 
-int64_t AllocProbe::Scope::peak_bytes() const { return g_peak.load(); }
+int64_t AllocProbe::Scope::peak_bytes() const {
+  return device_.is_cpu() ? g_peak.load() : device_peak(device_);
+}
 
 }  // namespace dflash

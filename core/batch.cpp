@@ -108,7 +108,7 @@ DraftLayout make_draft_layout(const at::Tensor& input_ids, const at::Tensor& los
                               const Anchors& a, int64_t bs, int64_t mask_token_id, double gamma) {
   const int64_t B = input_ids.size(0), S = input_ids.size(1), N = a.num_anchors();
   const int64_t Q = N * bs;
-  at::Tensor k = at::arange(bs, at::kLong);                 // (bs)
+  at::Tensor k = at::arange(bs, input_ids.options());       // (bs) on the batch's device
   at::Tensor pos = a.anchors.unsqueeze(-1) + k;             // (B, N, bs)
   at::Tensor in_range = pos < S;                            // (B, N, bs)
   at::Tensor pos_c = pos.clamp_max(S - 1).reshape({B, Q});  // (B, Q)
@@ -117,9 +117,9 @@ DraftLayout make_draft_layout(const at::Tensor& input_ids, const at::Tensor& los
 
   std::vector<double> decay(static_cast<size_t>(bs));
   for (int64_t i = 0; i < bs; ++i) decay[size_t(i)] = slot_decay(i, gamma);
-  at::Tensor decay_t = at::tensor(decay, at::kDouble);  // (bs)
+  at::Tensor decay_t = at::tensor(decay, at::kDouble).to(input_ids.device());  // (bs)
 
-  at::Tensor noise = at::full({B, N, bs}, mask_token_id, at::kLong);
+  at::Tensor noise = at::full({B, N, bs}, mask_token_id, input_ids.options());
   at::Tensor anchor_tok = input_ids.gather(1, a.anchors);  // (B, N)
   noise.select(2, 0).copy_(at::where(a.keep, anchor_tok, at::full_like(anchor_tok, mask_token_id)));
 

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/alloc_probe.h"
+#include "core/device.h"
 #include "core/safetensors.h"
 #include "fixtures/fixtures.h"
 #include "harness/memory_guard.h"
@@ -32,38 +33,49 @@ double now() {
 }
 
 // The fused loss on Q positions, every one weighted (so all 2*Q*H*V FLOPs of
-// each of the three products are real work): CE + KL, fp32.
+// each of the three products are real work): CE + KL; fp32 on CPU, bf16 at
+// the GPU sizes.
 class LossCase : public BenchCase {
  public:
-  explicit LossCase(bool quick)
-      : Q_(quick ? 1024 : 8192),
-        H_(quick ? 256 : 1024),
-        V_(quick ? 8192 : 32768),
-        C_(quick ? 256 : 1024) {
+  explicit LossCase(const BenchWhere& w)
+      : Q_(w.quick ? 1024 : 8192),
+        H_(w.quick         ? 256
+           : w.gpu_sizes() ? 4096
+                           : 1024),
+        V_(w.quick         ? 8192
+           : w.gpu_sizes() ? 128256
+                           : 32768),
+        C_(w.quick         ? 256
+           : w.gpu_sizes() ? 2048
+                           : 1024),
+        dt_(w.gpu_sizes() ? at::kBFloat16 : at::kFloat) {
     at::manual_seed(0);
     cfg_ = fixtures::micro_config();
     cfg_.loss = {1.0, 1.0, 1.0, 0.0, C_};
-    D_ = at::randn({1, Q_, H_}).requires_grad_(true);          // (1, Q, H)
-    Ht_ = at::randn({1, Q_, H_});                              // (1, Q, H)
-    W_ = at::randn({V_, H_}) * (1.0 / std::sqrt(double(H_)));  // (V, H)
+    const auto o = at::TensorOptions().device(w.device).dtype(dt_);
+    D_ = at::randn({1, Q_, H_}, o).requires_grad_(true);          // (1, Q, H)
+    Ht_ = at::randn({1, Q_, H_}, o);                              // (1, Q, H)
+    W_ = at::randn({V_, H_}, o) * (1.0 / std::sqrt(double(H_)));  // (V, H)
     const int64_t bs = 16, N = Q_ / bs;
+    const auto idx = at::TensorOptions().device(w.device).dtype(at::kLong);
     layout_.block_size = bs;
-    layout_.labels = at::randint(V_, {1, Q_}, at::kLong);
-    layout_.teacher_index = at::arange(Q_, at::kLong).view({1, Q_});
-    layout_.counted = at::ones({1, Q_}, at::kBool);
-    layout_.weights = at::ones({1, Q_}, at::kDouble);
-    anchors_ = {at::zeros({1, N}, at::kLong), at::ones({1, N}, at::kBool)};
+    layout_.labels = at::randint(V_, {1, Q_}, idx);
+    layout_.teacher_index = at::arange(Q_, idx).view({1, Q_});
+    layout_.counted = at::ones({1, Q_}, idx.dtype(at::kBool));
+    layout_.weights = at::ones({1, Q_}, idx.dtype(at::kDouble));
+    anchors_ = {at::zeros({1, N}, idx), at::ones({1, N}, idx.dtype(at::kBool))};
   }
   std::string name() const override { return "loss"; }
   std::string shape() const override {
-    return fmt::format("Q={} H={} V={} chunk={} fp32 CE+KL", Q_, H_, V_, C_);
+    return fmt::format("Q={} H={} V={} chunk={} {} CE+KL", Q_, H_, V_, C_, c10::toString(dt_));
   }
   double flops(bool) const override { return 3.0 * 2.0 * double(Q_) * double(H_) * double(V_); }
   int64_t floor_bytes() const override {
-    return 4 * (2 * Q_ * H_ + V_ * H_ + Q_ * H_ + 2 * C_ * V_);
+    const int64_t e = int64_t(c10::elementSize(dt_));
+    return e * (2 * Q_ * H_ + V_ * H_ + Q_ * H_ + 2 * C_ * V_);
   }
   std::string floor_formula() const override {
-    return "4 bytes x (D, teacher hidden: 2QH + W: VH + dD: QH + 2 chunks of logits: 2CV)";
+    return "e bytes x (D, teacher hidden: 2QH + W: VH + dD: QH + 2 chunks of logits: 2CV)";
   }
   void run(bool optimized) override {
     D_.mutable_grad().reset();
@@ -73,6 +85,7 @@ class LossCase : public BenchCase {
 
  private:
   int64_t Q_, H_, V_, C_;
+  at::ScalarType dt_;
   Config cfg_;
   at::Tensor D_, Ht_, W_;
   DraftLayout layout_;
@@ -81,20 +94,33 @@ class LossCase : public BenchCase {
 
 class AttentionCase : public BenchCase {
  public:
-  explicit AttentionCase(bool quick)
-      : S_(quick ? 512 : 2048), N_(quick ? 16 : 64), bs_(16), nh_(16), nkv_(4), hd_(64) {
+  explicit AttentionCase(const BenchWhere& w)
+      : S_(w.quick         ? 512
+           : w.gpu_sizes() ? 8192
+                           : 2048),
+        N_(w.quick         ? 16
+           : w.gpu_sizes() ? 256
+                           : 64),
+        bs_(16),
+        nh_(w.gpu_sizes() ? 32 : 16),
+        nkv_(w.gpu_sizes() ? 8 : 4),
+        hd_(w.gpu_sizes() ? 128 : 64),
+        dt_(w.gpu_sizes() ? at::kBFloat16 : at::kFloat),
+        kernels_(optimized::resolve_kernels("auto", w.device)) {
     at::manual_seed(1);
     const int64_t Q = N_ * bs_;
-    q_ = at::randn({1, nh_, Q, hd_}).requires_grad_(true);
-    k_ = at::randn({1, nkv_, S_ + Q, hd_}).requires_grad_(true);
-    v_ = at::randn({1, nkv_, S_ + Q, hd_}).requires_grad_(true);
-    dout_ = at::randn({1, nh_, Q, hd_});
-    a_ = {std::get<0>(at::randint(1, S_ - 1, {1, N_}, at::kLong).sort(1)),
-          at::ones({1, N_}, at::kBool)};
+    const auto o = at::TensorOptions().device(w.device).dtype(dt_);
+    q_ = at::randn({1, nh_, Q, hd_}, o).requires_grad_(true);
+    k_ = at::randn({1, nkv_, S_ + Q, hd_}, o).requires_grad_(true);
+    v_ = at::randn({1, nkv_, S_ + Q, hd_}, o).requires_grad_(true);
+    dout_ = at::randn({1, nh_, Q, hd_}, o);
+    a_ = {std::get<0>(at::randint(1, S_ - 1, {1, N_}, at::kLong).sort(1)).to(w.device),
+          at::ones({1, N_}, at::TensorOptions().device(w.device).dtype(at::kBool))};
   }
   std::string name() const override { return "attention"; }
   std::string shape() const override {
-    return fmt::format("S={} N={} bs={} nh={} nkv={} hd={} fp32", S_, N_, bs_, nh_, nkv_, hd_);
+    return fmt::format("S={} N={} bs={} nh={} nkv={} hd={} {}", S_, N_, bs_, nh_, nkv_, hd_,
+                       c10::toString(dt_));
   }
   double flops(bool optimized) const override {
     const double Q = double(N_ * bs_);
@@ -105,20 +131,25 @@ class AttentionCase : public BenchCase {
   }
   void run(bool optimized) override {
     for (const at::Tensor* t : {&q_, &k_, &v_}) const_cast<at::Tensor*>(t)->mutable_grad().reset();
-    const at::Tensor out = optimized ? optimized::draft_attention(q_, k_, v_, a_, S_, bs_)
-                                     : reference::draft_attention(q_, k_, v_, a_, S_, bs_);
+    const at::Tensor out =
+        optimized ? optimized::draft_attention(q_, k_, v_, a_, S_, bs_,
+                                               optimized::kDefaultAttentionTile, kernels_)
+                  : reference::draft_attention(q_, k_, v_, a_, S_, bs_);
     out.backward(dout_);
   }
 
  private:
   int64_t S_, N_, bs_, nh_, nkv_, hd_;
+  at::ScalarType dt_;
+  optimized::Kernels kernels_;
   at::Tensor q_, k_, v_, dout_;
   Anchors a_;
 };
 
 class StepCase : public BenchCase {
  public:
-  explicit StepCase(bool quick) {
+  explicit StepCase(const BenchWhere& w) {
+    const bool quick = w.quick;
     cfg_ = fixtures::micro_config();
     cfg_.run.dtype = DType::kFloat32;
     cfg_.target.vocab_size = quick ? 8192 : 32768;
@@ -131,19 +162,25 @@ class StepCase : public BenchCase {
                                   cfg_.target.vocab_size - 1);
     cfg_.loss = {1.0, 0.5, 1.0, 7.0, quick ? 64 : 256};
     cfg_.optimized.checkpoint_layers = true;
+    cfg_.topology.device = w.device.str();
+    if (w.gpu_sizes()) cfg_.run.dtype = DType::kBFloat16;
     validate_config(cfg_);
     guard_memory(cfg_, Workload::kReferenceStep, "dflash bench");
     target_ = fixtures::make_target(cfg_);
     drafter_ = fixtures::make_drafter(cfg_);
-    in_ = fixtures::make_step_inputs(cfg_, target_, 0);
+    in_ = fixtures::make_step_inputs(cfg_, target_, 0);  // on the host, then moved
+    to_device(target_, w.device);
+    to_device(drafter_, w.device);
+    in_ = to_device(in_, w.device);
   }
   std::string name() const override { return "step"; }
   std::string shape() const override {
     const auto& s = cfg_.drafter.shape;
-    return fmt::format("S={} Q={} H={} V={} layers={} nh={} nkv={} hd={} fp32, checkpointed",
+    return fmt::format("S={} Q={} H={} V={} layers={} nh={} nkv={} hd={} {}, checkpointed",
                        cfg_.data.seq_len, in_.anchors.num_anchors() * cfg_.data.block_size,
                        s.hidden_size, cfg_.target.vocab_size, cfg_.drafter.num_hidden_layers,
-                       s.num_attention_heads, s.num_key_value_heads, s.head_dim);
+                       s.num_attention_heads, s.num_key_value_heads, s.head_dim,
+                       dtype_name(cfg_.run.dtype));
   }
   // Every GEMM FLOP of the step: the fc projection of the features
   // (forward + weight gradient), each drafter layer's projections and MLP
@@ -193,20 +230,25 @@ class StepCase : public BenchCase {
 
 }  // namespace
 
-std::unique_ptr<BenchCase> loss_case(bool quick) { return std::make_unique<LossCase>(quick); }
-std::unique_ptr<BenchCase> attention_case(bool quick) {
-  return std::make_unique<AttentionCase>(quick);
+std::unique_ptr<BenchCase> loss_case(const BenchWhere& w) { return std::make_unique<LossCase>(w); }
+std::unique_ptr<BenchCase> attention_case(const BenchWhere& w) {
+  return std::make_unique<AttentionCase>(w);
 }
-std::unique_ptr<BenchCase> step_case(bool quick) { return std::make_unique<StepCase>(quick); }
+std::unique_ptr<BenchCase> step_case(const BenchWhere& w) { return std::make_unique<StepCase>(w); }
+std::unique_ptr<BenchCase> loss_case(bool quick) { return loss_case(BenchWhere{quick}); }
+std::unique_ptr<BenchCase> attention_case(bool quick) { return attention_case(BenchWhere{quick}); }
+std::unique_ptr<BenchCase> step_case(bool quick) { return step_case(BenchWhere{quick}); }
 
-PathResult measure(BenchCase& c, bool optimized, int repeats) {
+PathResult measure(BenchCase& c, bool optimized, int repeats, const c10::Device& device) {
   AllocProbe::install();
   PathResult r;
   r.seconds = 1e300;
   for (int i = 0; i < repeats; ++i) {
-    AllocProbe::Scope scope;
+    synchronize(device);
+    AllocProbe::Scope scope(device);
     const double t0 = now(), s0 = sys_time();
     c.run(optimized);
+    synchronize(device);  // queued device work belongs to this run
     const double t = now() - t0;
     if (t < r.seconds) r.seconds = t, r.sys_seconds = sys_time() - s0;
     r.peak_bytes = std::max(r.peak_bytes, scope.peak_bytes());
@@ -214,14 +256,27 @@ PathResult measure(BenchCase& c, bool optimized, int repeats) {
   return r;
 }
 
-double gemm_gflops(bool quick) {
-  const int64_t M = quick ? 256 : 1024, K = quick ? 256 : 1024, N = quick ? 8192 : 32768;
-  const at::Tensor a = at::randn({M, K}), b = at::randn({N, K});
-  at::Tensor c = at::empty({M, N});
+double gemm_gflops(bool quick, const c10::Device& device) {
+  const bool gpu = !device.is_cpu();
+  const int64_t M = quick ? 256
+                    : gpu ? 8192
+                          : 1024,
+                K = quick ? 256
+                    : gpu ? 4096
+                          : 1024,
+                N = quick ? 8192
+                    : gpu ? 16384
+                          : 32768;
+  const auto o = at::TensorOptions().device(device).dtype(gpu ? at::kBFloat16 : at::kFloat);
+  const at::Tensor a = at::randn({M, K}, o), b = at::randn({N, K}, o);
+  at::Tensor c = at::empty({M, N}, o);
+  at::mm_out(c, a, b.t());  // warm-up (CUDA: cuBLAS handle and workspace)
   double best = 1e300;
   for (int i = 0; i < 3; ++i) {
+    synchronize(device);
     const double t0 = now();
     at::mm_out(c, a, b.t());
+    synchronize(device);
     best = std::min(best, now() - t0);
   }
   return 2.0 * double(M) * double(K) * double(N) / best / 1e9;
@@ -229,27 +284,35 @@ double gemm_gflops(bool quick) {
 
 int run_bench(const BenchOptions& o) {
   AllocProbe::install();
+  const c10::Device device = parse_device(o.device, "dflash bench --device");
+  activate_device(device, "dflash bench --device");
+  const BenchWhere where{o.quick, device};
   // Cases are built one at a time so that only the measured case's inputs
   // are live: peaks are absolute (inputs included).
   std::vector<std::function<std::unique_ptr<BenchCase>()>> cases;
   auto wanted = [&](const char* n) {
     return o.cases.empty() || std::find(o.cases.begin(), o.cases.end(), n) != o.cases.end();
   };
-  if (wanted("loss")) cases.push_back([&] { return loss_case(o.quick); });
-  if (wanted("attention")) cases.push_back([&] { return attention_case(o.quick); });
-  if (wanted("step")) cases.push_back([&] { return step_case(o.quick); });
-  const double gemm = gemm_gflops(o.quick);
+  if (wanted("loss")) cases.push_back([&] { return loss_case(where); });
+  if (wanted("attention")) cases.push_back([&] { return attention_case(where); });
+  if (wanted("step")) cases.push_back([&] { return step_case(where); });
+  const double gemm = gemm_gflops(o.quick, device);
   const char* policy = std::getenv("OMP_WAIT_POLICY");
   fmt::print(
-      "dflash bench: {} threads, OMP_WAIT_POLICY={}, fp32 GEMM rate {:.1f} GFLOP/s "
-      "(measured now){}\n\n",
-      at::get_num_threads(), policy ? policy : "(unset)", gemm, o.quick ? ", quick sizes" : "");
-  nlohmann::json out = {{"threads", at::get_num_threads()}, {"gemm_gflops", gemm}, {"cases", {}}};
+      "dflash bench on {}: {} threads, OMP_WAIT_POLICY={}, {} GEMM rate {:.1f} GFLOP/s "
+      "(measured now){}; optimized kernels: {}\n\n",
+      device.str(), at::get_num_threads(), policy ? policy : "(unset)",
+      device.is_cpu() ? "fp32" : "bf16", gemm, o.quick ? ", quick sizes" : "",
+      optimized::kernels_name(optimized::resolve_kernels("auto", device)));
+  nlohmann::json out = {{"device", device.str()},
+                        {"threads", at::get_num_threads()},
+                        {"gemm_gflops", gemm},
+                        {"cases", {}}};
   for (auto& make : cases) {
     const std::unique_ptr<BenchCase> c = make();
     fmt::print("{}: {}\n", c->name(), c->shape());
-    const PathResult ref = measure(*c, false, o.repeats);
-    const PathResult opt = measure(*c, true, o.repeats);
+    const PathResult ref = measure(*c, false, o.repeats, device);
+    const PathResult opt = measure(*c, true, o.repeats, device);
     const double rate = c->flops(true) / opt.seconds / 1e9;
     fmt::print(
         "  time  reference {:8.3f} s   optimized {:8.3f} s   ratio {:.3f}   (of which system: "

@@ -1,8 +1,11 @@
 // Reference vs optimized, same inputs, same process: the benchmark cases
 // behind `dflash bench` and the Google Benchmark binaries. Each case builds
 // its inputs once and can run either build's forward + backward, measuring
-// wall time and the peak live bytes of the c10 CPU allocator (AllocProbe).
+// wall time and the peak live bytes of the device's allocator (AllocProbe:
+// the c10 CPU allocator, or the CUDA caching allocator's statistics).
 #pragma once
+
+#include <c10/core/Device.h>
 
 #include <functional>
 #include <memory>
@@ -29,21 +32,34 @@ class BenchCase {
   virtual void run(bool optimized) = 0;  // one forward + backward
 };
 
-// The issue-3 target sizes, or CI-sized ones with quick = true.
+// Where and at what size a case runs: the issue-3 sizes on CPU (fp32), the
+// GPU sizes of docs/GPU.md on CUDA (bf16: loss Q=8192 H=4096 V=128256,
+// attention S=8192 with 256 blocks of 16), or CI-sized ones with quick.
+struct BenchWhere {
+  bool quick = false;
+  c10::Device device{c10::kCPU};
+  bool gpu_sizes() const { return !quick && !device.is_cpu(); }
+};
 std::unique_ptr<BenchCase> loss_case(bool quick);
 std::unique_ptr<BenchCase> attention_case(bool quick);
 std::unique_ptr<BenchCase> step_case(bool quick);
+std::unique_ptr<BenchCase> loss_case(const BenchWhere& w);
+std::unique_ptr<BenchCase> attention_case(const BenchWhere& w);
+std::unique_ptr<BenchCase> step_case(const BenchWhere& w);
 
-PathResult measure(BenchCase& c, bool optimized, int repeats);
+PathResult measure(BenchCase& c, bool optimized, int repeats,
+                   const c10::Device& device = c10::Device(c10::kCPU));
 
-// fp32 GEMM rate of this machine now (GFLOP/s), on the loss's GEMM shape.
-double gemm_gflops(bool quick);
+// GEMM rate of this device now (GFLOP/s) on the loss's GEMM shape: fp32 on
+// CPU, bf16 on CUDA.
+double gemm_gflops(bool quick, const c10::Device& device = c10::Device(c10::kCPU));
 
 struct BenchOptions {
   std::vector<std::string> cases;  // empty: all
   bool quick = false;
   int repeats = 2;
   std::string json_path;  // write the results here too
+  std::string device = "cpu";
 };
 int run_bench(const BenchOptions& o);
 

@@ -7,12 +7,14 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "core/device.h"
 #include "core/safetensors.h"
 #include "core/text.h"
 #include "fixtures/fixtures.h"
 #include "harness/audit.h"
 #include "harness/error_ratios.h"
 #include "harness/memory_guard.h"
+#include "harness/on_device.h"
 #include "harness/parity.h"
 #include "harness/properties.h"
 #include "harness/zoo.h"
@@ -113,15 +115,23 @@ void write_reports(const ParityOptions& o, const std::vector<CheckRow>& rows,
   }
 }
 
-StepFn candidate(const ParityOptions& o) {
-  return o.mutant.empty() ? StepFn(optimized::drafter_step) : mutant_step(o.mutant);
+c10::Device candidate_device(const ParityOptions& o) {
+  return parse_device(o.device, "dflash parity --device");
 }
 
-// The components the properties check: the real ones, or a mutant's.
+StepFn candidate(const ParityOptions& o) {
+  return on_device(o.mutant.empty() ? StepFn(optimized::drafter_step) : mutant_step(o.mutant),
+                   candidate_device(o));
+}
+
+// The components the properties check: the real ones, or a mutant's, on the
+// candidate's device (the checkpoint component's property region is host
+// code: it stays on the CPU).
 ComponentImpls candidate_components(const ParityOptions& o) {
   const optimized::Components parts =
       o.mutant.empty() ? optimized::real_components() : mutant_components(o.mutant);
-  return {parts.loss, parts.attention, parts.checkpoint};
+  const c10::Device d = candidate_device(o);
+  return {on_device(parts.loss, d), on_device(parts.attention, d), parts.checkpoint};
 }
 
 int reproduce(const ParityOptions& o) {
@@ -188,6 +198,7 @@ int finish(const ParityOptions& o, const std::vector<CheckRow>& rows,
 }  // namespace
 
 int run_parity(const ParityOptions& o) {
+  activate_device(candidate_device(o), "dflash parity --device");
   if (!o.reproduce.empty()) return reproduce(o);
   if (o.measure_tolerances) {
     std::string json;

@@ -20,6 +20,9 @@ struct ParityOptions {
   std::string mutant;
   // Instead of the suite: the error-ratio measurement (harness/error_ratios.h).
   bool measure_tolerances = false;
+  // Where the candidate runs ("cpu", "cuda", "cuda:N"); the references stay
+  // on the CPU in float64 (harness/on_device.h).
+  std::string device = "cpu";
 };
 
 // Exit code: 0 when the real code passes every check and every mutant dies.

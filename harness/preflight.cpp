@@ -8,11 +8,13 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "core/device.h"
 #include "core/env.h"
 #include "core/safetensors.h"
 #include "fixtures/fixtures.h"
 #include "harness/audit.h"
 #include "harness/env_check.h"
+#include "harness/on_device.h"
 #include "harness/parity.h"
 #include "harness/planner.h"
 #include "harness/properties.h"
@@ -181,17 +183,28 @@ void environment_check(Row& r, const Subject& s, const PreflightOptions& o) {
 
 // The twin under fresh seeds: new batches, anchors and weights each case
 // (the seed selects them, so the case's config alone replays it).
+// The twin's candidate runs where the config will (its topology.device),
+// unless the run is planned for another machine.
+c10::Device twin_device(const Subject& s, const PreflightOptions& o) {
+  if (o.plan_for_another_machine || !o.env_file.empty()) return c10::Device(c10::kCPU);
+  return config_device(s.config);
+}
+
 void twin_parity_check(Row& r, const Subject& s, const PreflightOptions& o) {
+  const c10::Device device = twin_device(s, o);
+  activate_device(device, s.config.path + ": topology.device");
+  const StepFn candidate = on_device(s.step, device);
   const PropertyOutcome out = run_property_public(
       "twin parity", {o.cases, o.seed}, [&](std::string* size, std::string* replay) {
         Config t = s.twin;
         t.run.seed = *rc::gen::inRange<uint64_t>(0, 1u << 30);
         *size = config_size(t);
         *replay = config_to_toml(t);
-        const ComparisonReport rep = step_parity(s.step, t);
+        const ComparisonReport rep = step_parity(candidate, t);
         return rep.ok() ? std::string() : rep.format(*replay);
       });
-  r.figure = fmt::format("{} cases of {}", out.cases_passed, config_size(s.twin));
+  r.figure = fmt::format("{} cases of {}{}", out.cases_passed, config_size(s.twin),
+                         device.is_cpu() ? "" : ", optimized on " + device.str());
   if (out.passed) return;
   r.result = "FAIL";
   r.figure = fmt::format("FAILED after {} passing cases (seed {}): {}", out.cases_passed, o.seed,
@@ -250,6 +263,10 @@ int run_preflight(const PreflightOptions& o) {
   Subject s;
   const bool ready = pf.check("config", [&](Row& r) {
     s.config = load_config(o.config);
+    if (!o.device.empty()) {
+      s.config.topology.device = o.device;
+      validate_config(s.config);
+    }
     r.figure = fmt::format(
         "valid: {} drafter layers, Q = {}, {}", s.config.drafter.num_hidden_layers,
         s.config.data.max_anchors * s.config.data.block_size, dtype_name(s.config.run.dtype));

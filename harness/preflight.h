@@ -34,6 +34,8 @@ struct PreflightOptions {
   // Where a failing twin-parity case is written (counterexample-twin-parity.toml,
   // replayable with `dflash parity --reproduce`).
   std::string out_dir = ".";
+  // Overrides the config's topology.device ("" = as configured).
+  std::string device;
 };
 
 int run_preflight(const PreflightOptions& o);

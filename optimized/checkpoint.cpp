@@ -9,6 +9,7 @@
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/saved_variable.h>
 
+#include <algorithm>
 #include <mutex>
 #include <unordered_set>
 
@@ -24,24 +25,62 @@ using torch::autograd::variable_list;
   throw std::runtime_error(fmt::format("checkpoint '{}': {}", region, what));
 }
 
-// The RNG state of the default CPU generator, saved and put back.
-at::Tensor cpu_rng_state() {
-  at::Generator gen = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  return gen.get_state();
-}
-void set_cpu_rng_state(const at::Tensor& state) {
-  at::Generator gen = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  gen.set_state(state);
+// The default generators a region may draw from: the CPU's, and that of
+// every other device its named tensors live on (on CUDA, the generator of
+// the device in use). Their states are saved at forward and put back for
+// the recomputation, so dropout inside a region draws the same numbers.
+at::Generator default_generator(const c10::Device& d) {
+  return d.is_cpu() ? at::detail::getDefaultCPUGenerator()
+                    : at::globalContext().defaultGenerator(d);
 }
 
-// Puts the CPU generator back to `state` for its lifetime, then restores the
-// state it found, even if the recomputation throws.
+struct RngStates {
+  std::vector<std::pair<c10::Device, at::Tensor>> states;  // (device, generator state)
+};
+
+RngStates rng_states(const std::vector<c10::Device>& devices) {
+  RngStates r;
+  for (const c10::Device& d : devices) {
+    at::Generator gen = default_generator(d);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    r.states.emplace_back(d, gen.get_state());
+  }
+  return r;
+}
+
+void set_rng_states(const RngStates& r) {
+  for (const auto& [d, state] : r.states) {
+    at::Generator gen = default_generator(d);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(state);
+  }
+}
+
+std::vector<c10::Device> rng_devices(const CheckpointContract& c) {
+  std::vector<c10::Device> devices{c10::Device(c10::kCPU)};
+  auto add = [&](const at::Tensor& t) {
+    if (!t.defined()) return;
+    c10::Device d = t.device();
+    if (d.type() == c10::kCUDA && !d.has_index()) d = c10::Device(c10::kCUDA, 0);
+    if (std::find(devices.begin(), devices.end(), d) == devices.end()) devices.push_back(d);
+  };
+  for (const Named& n : c.grad_inputs) add(n.tensor);
+  for (const Named& n : c.inputs) add(n.tensor);
+  for (const Named& n : c.params) add(n.tensor);
+  return devices;
+}
+
+// Puts the generators back to `state` for its lifetime, then restores the
+// states it found, even if the recomputation throws.
 struct RngReplay {
-  at::Tensor saved;
-  explicit RngReplay(const at::Tensor& state) : saved(cpu_rng_state()) { set_cpu_rng_state(state); }
-  ~RngReplay() { set_cpu_rng_state(saved); }
+  RngStates saved;
+  explicit RngReplay(const RngStates& state) {
+    std::vector<c10::Device> devices;
+    for (const auto& s : state.states) devices.push_back(s.first);
+    saved = rng_states(devices);
+    set_rng_states(state);
+  }
+  ~RngReplay() { set_rng_states(saved); }
 };
 
 void check_contract(const CheckpointContract& c) {
@@ -74,7 +113,7 @@ struct CheckpointNode : public Node {
   std::vector<SavedVariable> grad_inputs, inputs;
   std::vector<std::string> names;  // grad inputs, then params: one per next edge
   std::vector<at::Tensor> params;
-  at::Tensor rng_state;
+  RngStates rng_state;
 
   std::string name() const override { return "CheckpointBackward[" + region + "]"; }
 
@@ -153,7 +192,7 @@ at::Tensor checkpoint(const CheckpointContract& c, const CheckpointFn& fn) {
   auto node = std::shared_ptr<CheckpointNode>(new CheckpointNode(), torch::autograd::deleteNode);
   node->region = c.region;
   node->fn = fn;
-  node->rng_state = cpu_rng_state();
+  node->rng_state = rng_states(rng_devices(c));
   torch::autograd::edge_list edges;
   for (const Named& n : c.grad_inputs) {
     node->grad_inputs.emplace_back(n.tensor, /*is_output=*/false);

@@ -13,7 +13,8 @@ at::Tensor chunked_causal_attention(const at::Tensor& q, const at::Tensor& k, co
   for (int64_t q0 = 0; q0 < S; q0 += query_chunk) {
     const int64_t n = std::min(query_chunk, S - q0), kend = q0 + n;  // keys [0, kend)
     // Row i of the chunk is query q0 + i: keys j <= q0 + i.
-    const at::Tensor visible = at::ones({n, kend}, at::kBool).tril(q0).expand({B, n, kend});
+    const at::Tensor visible =
+        at::ones({n, kend}, q.options().dtype(at::kBool)).tril(q0).expand({B, n, kend});
     out.push_back(reference::masked_attention(q.narrow(2, q0, n), k.narrow(2, 0, kend),
                                               v.narrow(2, 0, kend), visible));  // (B, nh, n, hd)
   }

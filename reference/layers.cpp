@@ -14,10 +14,10 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
 
 std::pair<at::Tensor, at::Tensor> rope_cos_sin(const at::Tensor& positions, int64_t hd,
                                                double theta, at::ScalarType dtype) {
-  const at::Tensor i = at::arange(0, hd, 2, at::kDouble);                        // (hd/2)
-  const at::Tensor inv_freq = at::pow(theta, -i / double(hd));                   // (hd/2)
-  const at::Tensor angles = positions.to(at::kDouble).unsqueeze(-1) * inv_freq;  // (..., hd/2)
-  const at::Tensor emb = at::cat({angles, angles}, -1);                          // (..., hd)
+  const at::Tensor i = at::arange(0, hd, 2, positions.options().dtype(at::kDouble));  // (hd/2)
+  const at::Tensor inv_freq = at::pow(theta, -i / double(hd));                        // (hd/2)
+  const at::Tensor angles = positions.to(at::kDouble).unsqueeze(-1) * inv_freq;       // (..., hd/2)
+  const at::Tensor emb = at::cat({angles, angles}, -1);                               // (..., hd)
   return {emb.cos().to(dtype), emb.sin().to(dtype)};
 }
 

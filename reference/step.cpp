@@ -17,10 +17,11 @@ namespace dflash::reference {
 
 at::Tensor build_draft_mask(const Anchors& a, int64_t S, int64_t bs) {
   const int64_t Q = a.num_anchors() * bs;
-  const at::Tensor j = at::arange(S + Q, at::kLong);                        // (S+Q) key index
-  const at::Tensor slot_block = at::arange(Q, at::kLong).div(bs, "floor");  // (Q) n of slot q
-  const at::Tensor anchor = a.anchors.repeat_interleave(bs, 1);             // (B, Q)
-  const at::Tensor keep = a.keep.repeat_interleave(bs, 1);                  // (B, Q)
+  const auto idx = a.anchors.options();         // int64 on the anchors' device
+  const at::Tensor j = at::arange(S + Q, idx);  // (S+Q) key index
+  const at::Tensor slot_block = at::arange(Q, idx).div(bs, "floor");  // (Q) n of slot q
+  const at::Tensor anchor = a.anchors.repeat_interleave(bs, 1);       // (B, Q)
+  const at::Tensor keep = a.keep.repeat_interleave(bs, 1);            // (B, Q)
   // Context strictly before the anchor ...
   const at::Tensor context = (j < S) & (j < anchor.unsqueeze(-1));  // (B, Q, S+Q)
   // ... or the slot's own block, both directions.
@@ -37,8 +38,9 @@ at::Tensor draft_attention(const at::Tensor& q, const at::Tensor& k, const at::T
 DraftRope draft_rope(int64_t S, const at::Tensor& positions, const LayerShape& s,
                      at::ScalarType dtype) {
   const int64_t B = positions.size(0), Q = positions.size(1);
-  const at::Tensor key_pos = at::cat({at::arange(S, at::kLong).expand({B, S}), positions}, 1);
-  auto [cos_k, sin_k] = rope_cos_sin(key_pos, s.head_dim, s.rope_theta, dtype);  // (B, S+Q, hd)
+  const at::Tensor key_pos =
+      at::cat({at::arange(S, positions.options()).expand({B, S}), positions}, 1);  // (B, S+Q)
+  auto [cos_k, sin_k] = rope_cos_sin(key_pos, s.head_dim, s.rope_theta, dtype);    // (B, S+Q, hd)
   DraftRope r;
   r.cos_k = cos_k.unsqueeze(1);  // (B, 1, S+Q, hd)
   r.sin_k = sin_k.unsqueeze(1);

@@ -26,7 +26,7 @@ at::Tensor target_layer(const at::Tensor& x, const DecoderLayerWeights& w, const
 TargetOutputs target_forward(const Config& c, const TargetWeights& w, const at::Tensor& input_ids) {
   const int64_t B = input_ids.size(0), S = input_ids.size(1);
   const at::Tensor causal =
-      at::ones({S, S}, at::kBool).tril().expand({B, S, S});  // (B, S, S) key j <= query i
+      at::ones({S, S}, input_ids.options().dtype(at::kBool)).tril().expand({B, S, S});  // (B, S, S)
   return target_forward_with(c, w, input_ids,
                              [&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
                                return masked_attention(q, k, v, causal);
@@ -39,7 +39,7 @@ TargetOutputs target_forward_with(const Config& c, const TargetWeights& w,
   const LayerShape& s = c.target.shape;
   const int64_t B = input_ids.size(0), S = input_ids.size(1);
   at::Tensor x = w.embed_tokens.index_select(0, input_ids.reshape(-1)).view({B, S, -1});
-  const at::Tensor pos = at::arange(S, at::kLong).expand({B, S});  // (B, S)
+  const at::Tensor pos = at::arange(S, input_ids.options()).expand({B, S});  // (B, S)
   auto [cos, sin] = rope_cos_sin(pos, s.head_dim, s.rope_theta, x.scalar_type());
   cos = cos.unsqueeze(1);  // (B, 1, S, hd)
   sin = sin.unsqueeze(1);

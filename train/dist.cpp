@@ -1,6 +1,11 @@
 #include "train/dist.h"
 
+#include <arpa/inet.h>
 #include <fmt/format.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <nlohmann/json.hpp>
@@ -35,13 +40,45 @@ std::string string_of(const std::vector<uint8_t>& b) { return {b.begin(), b.end(
 
 Env env_from_process() {
   Env e;
-  e.present = std::getenv("RANK") && std::getenv("WORLD_SIZE");
-  e.rank = env_int("RANK", 0);
   e.world_size = env_int("WORLD_SIZE", 1);
-  e.local_rank = env_int("LOCAL_RANK", e.rank);
+  e.node_rank = env_int("NODE_RANK", env_int("GROUP_RANK", 0));
+  e.local_world_size = env_int("LOCAL_WORLD_SIZE", 0);
+  const bool have_rank = std::getenv("RANK") != nullptr;
+  const bool have_node = std::getenv("LOCAL_RANK") && e.local_world_size > 0 &&
+                         (std::getenv("NODE_RANK") || std::getenv("GROUP_RANK"));
+  e.present = std::getenv("WORLD_SIZE") && (have_rank || have_node);
+  e.local_rank = env_int("LOCAL_RANK", have_rank ? env_int("RANK", 0) : 0);
+  const int64_t from_node = e.node_rank * e.local_world_size + e.local_rank;
+  e.rank = have_rank ? env_int("RANK", 0) : from_node;
+  if (have_rank && have_node && e.rank != from_node)
+    throw DistError(fmt::format(
+        "RANK={} disagrees with NODE_RANK={} x LOCAL_WORLD_SIZE={} + LOCAL_RANK={} = {}", e.rank,
+        e.node_rank, e.local_world_size, e.local_rank, from_node));
   if (const char* a = std::getenv("MASTER_ADDR")) e.master_addr = a;
   e.port = int(env_int("MASTER_PORT", 29500));
   return e;
+}
+
+std::string local_address_towards(const std::string& master_addr) {
+  // A connected UDP socket sends nothing; getsockname gives the source
+  // address the kernel picked for the route to the master.
+  addrinfo hints{}, *res = nullptr;
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  if (getaddrinfo(master_addr.c_str(), "9", &hints, &res) != 0 || !res)
+    throw DistError(fmt::format("MASTER_ADDR={}: cannot resolve it", master_addr));
+  const int s = socket(AF_INET, SOCK_DGRAM, 0);
+  sockaddr_in local{};
+  socklen_t len = sizeof(local);
+  const bool ok = s >= 0 && connect(s, res->ai_addr, res->ai_addrlen) == 0 &&
+                  getsockname(s, reinterpret_cast<sockaddr*>(&local), &len) == 0;
+  freeaddrinfo(res);
+  if (s >= 0) close(s);
+  if (!ok)
+    throw DistError(fmt::format("MASTER_ADDR={}: no route to it from this host", master_addr));
+  char text[INET_ADDRSTRLEN] = {};
+  inet_ntop(AF_INET, &local.sin_addr, text, sizeof(text));
+  return text;
 }
 
 uint64_t config_hash(const Config& c) {
@@ -83,7 +120,11 @@ Cluster::Cluster(const Config& c, const Env& env)
   }
   check_config(c);
   auto options = c10d::ProcessGroupGloo::Options::create(timeout_);
-  options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(env.master_addr));
+  const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
+  options->devices.push_back(ifname && *ifname
+                                 ? c10d::ProcessGroupGloo::createDeviceForInterface(ifname)
+                                 : c10d::ProcessGroupGloo::createDeviceForHostname(
+                                       local_address_towards(env.master_addr)));
   world_ = c10::make_intrusive<c10d::ProcessGroupGloo>(
       c10::make_intrusive<c10d::PrefixStore>("world", store_), int(env.rank), int(env.world_size),
       options);

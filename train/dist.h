@@ -35,14 +35,26 @@ struct DistError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// The launcher's environment; present = RANK and WORLD_SIZE were set.
+// The launcher's environment; present = a rank and WORLD_SIZE were set.
+// One node: RANK (LOCAL_RANK defaults to it). Several nodes (torchrun
+// --nnodes, dflash launch --nnodes): RANK, or NODE_RANK (torchrun's
+// GROUP_RANK) x LOCAL_WORLD_SIZE + LOCAL_RANK when RANK is absent; when both
+// are given they must agree. Rank 0 serves the rendezvous store at
+// MASTER_ADDR:MASTER_PORT; every rank binds its gloo device to
+// GLOO_SOCKET_IFNAME if set, else to its own address on the route to
+// MASTER_ADDR.
 struct Env {
   bool present = false;
   int64_t rank = 0, world_size = 1, local_rank = 0;
+  int64_t node_rank = 0, local_world_size = 0;  // 0: not given (one node)
   std::string master_addr = "127.0.0.1";
   int port = 29500;
 };
 Env env_from_process();
+
+// This host's address on the route to `master_addr` (what a gloo device
+// binds to); "127.0.0.1" for a loopback master.
+std::string local_address_towards(const std::string& master_addr);
 
 // A stable hash of the resolved config (what every rank must agree on).
 uint64_t config_hash(const Config& c);

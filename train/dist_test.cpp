@@ -14,6 +14,7 @@
 #include "core/safetensors.h"
 #include "fixtures/test_support.h"
 #include "harness/tolerance.h"
+#include "train/split_test_support.h"
 
 namespace dflash {
 namespace {
@@ -21,7 +22,9 @@ namespace {
 namespace fs = std::filesystem;
 
 using testing_support::cfg;
+using testing_support::compare_params;
 using testing_support::dflash;
+using testing_support::losses;
 using testing_support::sh;
 using testing_support::Shell;
 using testing_support::TmpDir;
@@ -32,23 +35,6 @@ std::string run_dir() {
   static TmpDir runs;
   static int n = 0;
   return runs / ("run" + std::to_string(n++));
-}
-
-std::vector<double> losses(const std::string& out) {
-  std::vector<double> l;
-  const std::regex re("step +\\d+  loss ([0-9.eE+-]+)");
-  for (std::sregex_iterator it(out.begin(), out.end(), re), end; it != end; ++it)
-    l.push_back(std::stod((*it)[1]));
-  return l;
-}
-
-// Parameters of the split run against the single-process run.
-harness::ComparisonReport compare_params(const std::string& split, const std::string& single) {
-  const auto a = safetensors::read(split), b = safetensors::read(single);
-  harness::ComparisonReport rep;
-  for (const auto& [name, t] : b.tensors)
-    rep.rows.push_back(harness::compare(name, a.get(name), t, t, {1.0, 1e-12}));  // float64 tight
-  return rep;
 }
 
 struct SplitCase {

@@ -18,7 +18,7 @@ at::Tensor cached_layer(const at::Tensor& x, const DecoderLayerWeights& w, const
                         LayerCache& cache, int64_t t0) {
   const int64_t B = x.size(0), T = x.size(1), hd = s.head_dim;
   const double eps = s.rms_norm_eps;
-  const at::Tensor pos = at::arange(t0, t0 + T, at::kLong).expand({B, T});
+  const at::Tensor pos = at::arange(t0, t0 + T, x.options().dtype(at::kLong)).expand({B, T});
   auto [cos, sin] = rope_cos_sin(pos, hd, s.rope_theta, x.scalar_type());
   cos = cos.unsqueeze(1), sin = sin.unsqueeze(1);  // (B, 1, T, hd)
   const at::Tensor h = rms_norm(x, w.input_layernorm, eps);
@@ -30,7 +30,8 @@ at::Tensor cached_layer(const at::Tensor& x, const DecoderLayerWeights& w, const
   cache.k = cache.k.defined() ? at::cat({cache.k, k}, 2) : k;  // (B, nkv, t0 + T, hd)
   cache.v = cache.v.defined() ? at::cat({cache.v, v}, 2) : v;
   // Query i (absolute t0 + i) sees keys j <= t0 + i.
-  const at::Tensor visible = at::ones({T, t0 + T}, at::kBool).tril(t0).expand({B, T, t0 + T});
+  const at::Tensor visible =
+      at::ones({T, t0 + T}, x.options().dtype(at::kBool)).tril(t0).expand({B, T, t0 + T});
   const at::Tensor attn = masked_attention(q, cache.k, cache.v, visible);  // (B, nh, T, hd)
   const at::Tensor x1 = x + project(merge_heads(attn), w.o_proj);
   return x1 + swiglu_mlp(rms_norm(x1, w.post_attention_layernorm, eps), w);
@@ -52,9 +53,11 @@ at::Tensor step(const Config& c, const TargetWeights& w, std::vector<LayerCache>
 
 }  // namespace
 
-void greedy_continue(const Config& c, const TargetWeights& target, at::Tensor& ids,
+void greedy_continue(const Config& c, const TargetWeights& target, at::Tensor& ids_out,
                      int64_t prompt_len, int64_t banned_token) {
   at::NoGradGuard ng;
+  // Decoded on the target's device; the tokens come back to ids_out's.
+  at::Tensor ids = ids_out.to(target.embed_tokens.device());
   const int64_t S = ids.size(1);
   std::vector<LayerCache> caches(target.layers.size());
   at::Tensor next =
@@ -64,6 +67,7 @@ void greedy_continue(const Config& c, const TargetWeights& target, at::Tensor& i
     if (t + 1 < S)
       next = step(c, target, caches, ids.narrow(1, t, 1).contiguous(), t, banned_token);
   }
+  if (!ids.is_same(ids_out)) ids_out.copy_(ids);
 }
 
 }  // namespace dflash::train

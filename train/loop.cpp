@@ -12,6 +12,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
+#include "core/device.h"
 #include "core/optim.h"
 #include "core/safetensors.h"
 #include "core/step.h"
@@ -40,11 +41,14 @@ double now() {
 
 StepInputs inputs_of(const Run& r, const MicroBatch& mb, const char* stream, int64_t index) {
   StepInputs in{mb.input_ids, mb.loss_mask, mb.features, mb.target_hidden, {}};
+  // Anchors are drawn on the host (a seeded stream per micro-batch), then the
+  // batch moves to the run's device, where the target runs.
+  in.anchors = fixtures::step_anchors(r.c, in.loss_mask, stream, uint64_t(index));
+  in = to_device(in, r.device);
   if (!in.features.defined()) {
-    const reference::TargetOutputs t = optimized::target_forward(r.c, r.target, mb.input_ids);
+    const reference::TargetOutputs t = optimized::target_forward(r.c, r.target, in.input_ids);
     in.features = t.features, in.target_hidden = t.final_hidden;
   }
-  in.anchors = fixtures::step_anchors(r.c, in.loss_mask, stream, uint64_t(index));
   return in;
 }
 
@@ -189,16 +193,21 @@ std::unique_ptr<Run> prepare(const Config& c, const RunOptions& o, bool with_dat
                              bool with_target) {
   auto r = std::make_unique<Run>();
   r->c = c, r->o = o, r->dir = run_dir_for(c, o);
+  r->device = config_device(c);
+  activate_device(r->device, c.path + ": topology.device");
   if (c.data.source == "features") {
     r->frozen = read_features_frozen(c, c.data.path);
   } else if (with_target) {
     r->target = load_target(c);
+    to_device(r->target, r->device);
     r->frozen = r->target.frozen();
   } else {
     r->frozen = load_frozen(c);
   }
+  to_device(r->frozen, r->device);
   if (with_data) r->data = load_data(c, c.data.source == "features" ? nullptr : &r->target);
   r->w = fixtures::make_drafter(c);
+  to_device(r->w, r->device);  // before AdamW: its moments are made beside the parameters
   r->opt = std::make_unique<AdamW>(named(r->w), optim_config(c.train));
   r->fn =
       o.build == "reference" ? StepFn(reference::drafter_step) : StepFn(optimized::drafter_step);
@@ -334,6 +343,7 @@ Config resolve_config(const RunOptions& o) {
   if (o.micro_batches > 0) c.train.micro_batches = o.micro_batches;
   if (o.lr > 0) c.train.lr = o.lr;
   if (!o.out_dir.empty()) c.train.out_dir = o.out_dir;
+  if (!o.device.empty()) c.topology.device = o.device;
   validate_config(c);
   return c;
 }
@@ -350,7 +360,6 @@ int run_training(const RunOptions& o) {
   harness::guard_memory(c, harness::Workload::kTrain, "dflash train");
   configure_threads(c.run.threads);
   if (ws && std::atoll(ws) > 1) return detail::run_split(c, o);
-  check_cpu_device(c);
   configure_threads(c.run.threads);
   // Every input is checked before anything is written.
   std::unique_ptr<detail::Run> r = detail::prepare(c, o, true, true);

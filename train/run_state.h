@@ -55,7 +55,8 @@ struct Run {
   std::ofstream metrics;
   double tokens_per_step = 0;
   bool resumed = false;
-  std::string dump_suffix;  // the split: "-rank-R", so drafters do not collide
+  std::string dump_suffix;        // the split: "-rank-R", so drafters do not collide
+  c10::Device device{c10::kCPU};  // topology.device: weights, optimizer state, batches
 };
 
 std::string run_dir_for(const Config& c, const RunOptions& o);

@@ -36,12 +36,12 @@ void write_params(const std::string& path, const DrafterWeights& w) {
   safetensors::write(path, t, {{"format", "dflash-drafter-params-v1"}});
 }
 
-void check_cpu_device(const Config& c) {
+void check_split_device(const Config& c) {
   if (c.topology.device != "cpu")
     throw std::runtime_error(fmt::format(
-        "{}: topology.device = \"{}\": this build trains on CPU only (gloo groups, host kernels "
-        "for the fused loss and sparse attention); NCCL groups and device kernels are not built "
-        "yet. `dflash plan` and `dflash preflight` do read device configs.",
+        "{}: topology.device = \"{}\": the target/drafter split runs on CPU ranks only (gloo "
+        "groups); its NCCL groups are not built yet. One process trains on CUDA "
+        "(`dflash train` without a launcher; docs/GPU.md).",
         c.path, c.topology.device));
 }
 
@@ -264,7 +264,7 @@ std::vector<StepLog> train_distributed(const Config& c, const TrainOptions& o, d
 }
 
 int run_train(const Config& c, const TrainOptions& o) {
-  check_cpu_device(c);
+  check_split_device(c);
   const dist::Env env = dist::env_from_process();
   if (!env.present || env.world_size == 1)
     throw dist::DistError("the split needs RANK / WORLD_SIZE > 1 (dflash launch or torchrun)");

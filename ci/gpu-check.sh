@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# The GPU check (docs/GPU.md), run ON the GPU machine from the repository
+# root, after ci/gpu-gather.sh ran here and .gpu-deps/ travelled with the tree:
+#   ci/gpu-check.sh OUTDIR
+# Builds dflash against that machine's own torch (python3's), then runs, each
+# under its own time limit (8 minutes in all at most):
+#   build       configure + the dflash binary and the gpu test executables
+#   gpu_tests   ctest -L gpu: CUDA vs float64 CPU reference parity (step, loss,
+#               attention; generated configs in fp32, bf16, fp64), the CUDA
+#               generator replay of activation checkpointing, memory ceilings
+#               on the CUDA caching allocator, a one-rank NCCL group
+#   bench       dflash bench --device cuda (GPU sizes: loss Q=8192 H=4096
+#               V=128256 bf16, attention S=8192 with 256 blocks of 16)
+#   train       dflash train on fixtures/configs/tiny-train.toml with
+#               --device cuda (preflight gate included, 10 cases)
+# and writes OUTDIR/summary.json (each stage: rc, seconds) beside the logs,
+# bench.json and env.json. Exit status: 0 when every stage passed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${1:?usage: ci/gpu-check.sh OUTDIR}
+mkdir -p "$out"
+deps=${DFLASH_GPU_DEPS:-/tmp/dflash-gpu-deps}
+build=${DFLASH_GPU_BUILD:-/tmp/dflash-gpu-build}
+python=${DFLASH_TORCH_PYTHON:-$(command -v python3)}
+jobs=$(nproc)
+declare -A rc secs
+order=()
+
+stage() {  # stage NAME LIMIT_SECONDS COMMAND...
+  local name=$1 limit=$2
+  shift 2
+  order+=("$name")
+  local t0=$SECONDS
+  echo "== $name (limit ${limit}s)" | tee -a "$out/$name.log"
+  timeout "$limit" "$@" >> "$out/$name.log" 2>&1
+  rc[$name]=$?
+  secs[$name]=$((SECONDS - t0))
+  echo "== $name: rc ${rc[$name]} in ${secs[$name]}s" | tee -a "$out/$name.log"
+  tail -n 5 "$out/$name.log"
+}
+
+unpack() {
+  ls .gpu-deps/*.deb > /dev/null 2>&1 || {
+    echo "no .gpu-deps/*.deb: run ci/gpu-gather.sh here first and carry .gpu-deps"; return 1; }
+  mkdir -p "$deps"
+  for f in .gpu-deps/*.deb; do dpkg-deb -x "$f" "$deps" || return 1; done
+}
+
+configure_and_build() {
+  export CPATH="$deps/usr/include${CPATH:+:$CPATH}"
+  cmake -G Ninja -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DDFLASH_TORCH_PYTHON="$python" \
+    -DCMAKE_PREFIX_PATH="$deps/usr" -DDFLASH_BUILD_BENCH=OFF -DCMAKE_CUDA_ARCHITECTURES=90 \
+    && cmake --build "$build" -j "$jobs" --target dflash harness_cuda_gpu_test train_nccl_gpu_test
+}
+
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true; } \
+  > "$out/gpu.txt" 2>&1
+stage build 300 bash -c "$(declare -f unpack configure_and_build); deps=$deps build=$build \
+  python=$python jobs=$jobs; unpack && configure_and_build"
+if [ "${rc[build]}" -eq 0 ]; then
+  "$build/dflash" env --json > "$out/env.json" 2> /dev/null
+  stage gpu_tests 150 ctest --test-dir "$build" -L gpu --output-on-failure
+  stage bench 120 "$build/dflash" bench --device cuda --repeats 2 --json "$out/bench.json"
+  stage train 90 "$build/dflash" train --config fixtures/configs/tiny-train.toml --device cuda \
+    --out-dir /tmp/dflash-gpu-run --preflight-cases 10
+fi
+
+status=0
+{
+  printf '{\n  "gpu": "%s",\n  "stages": {' "$(head -n1 "$out/gpu.txt" | tr -d '"')"
+  sep=""
+  for s in "${order[@]}"; do
+    printf '%s\n    "%s": {"rc": %d, "seconds": %d}' "$sep" "$s" "${rc[$s]}" "${secs[$s]}"
+    sep=","
+    [ "${rc[$s]}" -eq 0 ] || status=1
+  done
+  printf '\n  },\n  "passed": %s\n}\n' "$([ $status -eq 0 ] && echo true || echo false)"
+} > "$out/summary.json"
+cat "$out/summary.json"
+exit $status
