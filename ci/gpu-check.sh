@@ -50,7 +50,7 @@ configure_and_build() {
   export CPATH="$deps/usr/include${CPATH:+:$CPATH}"
   cmake -G Ninja -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DDFLASH_TORCH_PYTHON="$python" \
     -DCMAKE_PREFIX_PATH="$deps/usr" -DDFLASH_BUILD_BENCH=OFF -DCMAKE_CUDA_ARCHITECTURES=90 \
-    && cmake --build "$build" -j "$jobs" --target dflash harness_cuda_gpu_test train_nccl_gpu_test
+    && cmake --build "$build" -j "$jobs" --target dflash harness_cuda_gpu_test train_nccl_gpu_test train_split_gpu_test
 }
 
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true; } \

@@ -224,7 +224,24 @@ void Cluster::fail(const std::string& what, const std::exception& e) const {
                               env_.rank, what, msg, cfg_.topology.timeout_s, silent_ranks()));
 }
 
-void Cluster::send(std::vector<at::Tensor>& t, int64_t dst, int tag, const std::string& what) {
+namespace {
+
+// gloo moves host memory: device tensors travel through host copies (the
+// split on CUDA before its NCCL groups; docs/DISTRIBUTED.md).
+std::vector<at::Tensor> on_host(const std::vector<at::Tensor>& t) {
+  std::vector<at::Tensor> h;
+  for (const at::Tensor& x : t) h.push_back(x.is_cpu() ? x : x.to(at::kCPU));
+  return h;
+}
+void copy_back(std::vector<at::Tensor>& t, const std::vector<at::Tensor>& h) {
+  for (size_t i = 0; i < t.size(); ++i)
+    if (!t[i].is_same(h[i])) t[i].copy_(h[i]);
+}
+
+}  // namespace
+
+void Cluster::send(std::vector<at::Tensor>& t_in, int64_t dst, int tag, const std::string& what) {
+  std::vector<at::Tensor> t = on_host(t_in);
   try {
     world_->send(t, int(dst), tag)->wait(timeout_);
   } catch (const std::exception& e) {
@@ -235,6 +252,7 @@ void Cluster::send(std::vector<at::Tensor>& t, int64_t dst, int tag, const std::
 void Cluster::isend(std::vector<at::Tensor> tensors, int64_t dst, int tag, size_t max_in_flight,
                     const std::string& what) {
   wait_sends(max_in_flight > 0 ? max_in_flight - 1 : 0, what);
+  tensors = on_host(tensors);  // kept alive until the send completes
   try {
     in_flight_.push_back({world_->send(tensors, int(dst), tag), tensors, dst});
   } catch (const std::exception& e) {
@@ -254,23 +272,28 @@ void Cluster::wait_sends(size_t max_in_flight, const std::string& what) {
   }
 }
 
-void Cluster::recv(std::vector<at::Tensor>& t, int64_t src, int tag, const std::string& what) {
+void Cluster::recv(std::vector<at::Tensor>& t_out, int64_t src, int tag, const std::string& what) {
+  std::vector<at::Tensor> t = on_host(t_out);
   try {
     world_->recv(t, int(src), tag)->wait(timeout_);
   } catch (const std::exception& e) {
     fail(fmt::format("{} (receive from rank {})", what, src), e);
   }
+  copy_back(t_out, t);
 }
 
-void Cluster::allreduce_drafters(std::vector<at::Tensor>& t, const std::string& what) {
+void Cluster::allreduce_drafters(std::vector<at::Tensor>& t_io, const std::string& what) {
+  std::vector<at::Tensor> t = on_host(t_io);
   try {
     drafters_->allreduce(t)->wait(timeout_);
   } catch (const std::exception& e) {
     fail(what + " (all-reduce over the drafter ranks)", e);
   }
+  copy_back(t_io, t);
 }
 
-void Cluster::broadcast_drafters(std::vector<at::Tensor>& t, const std::string& what) {
+void Cluster::broadcast_drafters(std::vector<at::Tensor>& t_io, const std::string& what) {
+  std::vector<at::Tensor> t = on_host(t_io);
   try {
     c10d::BroadcastOptions o;
     o.rootRank = 0;
@@ -278,6 +301,7 @@ void Cluster::broadcast_drafters(std::vector<at::Tensor>& t, const std::string& 
   } catch (const std::exception& e) {
     fail(what + " (broadcast from the first drafter rank)", e);
   }
+  copy_back(t_io, t);
 }
 
 void Cluster::barrier_world(const std::string& what) {

@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 
+#include "core/device.h"
 #include "core/safetensors.h"
 #include "fixtures/fixtures.h"
 #include "optimized/step.h"
@@ -36,13 +37,8 @@ void write_params(const std::string& path, const DrafterWeights& w) {
   safetensors::write(path, t, {{"format", "dflash-drafter-params-v1"}});
 }
 
-void check_split_device(const Config& c) {
-  if (c.topology.device != "cpu")
-    throw std::runtime_error(fmt::format(
-        "{}: topology.device = \"{}\": the target/drafter split runs on CPU ranks only (gloo "
-        "groups); its NCCL groups are not built yet. One process trains on CUDA "
-        "(`dflash train` without a launcher; docs/GPU.md).",
-        c.path, c.topology.device));
+void activate_split_device(const Config& c) {
+  activate_device(config_device(c), c.path + ": topology.device");
 }
 
 namespace {
@@ -134,7 +130,8 @@ void run_target_rank(const Config& c, const TrainOptions& o, dist::Cluster& cl, 
   cl.wait_sends(0, "the last micro-batches");
 }
 
-StepInputs receive_micro_batch(const Config& c, dist::Cluster& cl, int64_t g, int64_t src) {
+StepInputs receive_micro_batch(const Config& c, dist::Cluster& cl, int64_t g, int64_t src,
+                               const c10::Device& device) {
   const int64_t B = c.data.batch_size, S = c.data.seq_len, H = c.target.shape.hidden_size;
   const at::ScalarType dt = scalar_type(c.run.dtype);
   std::vector<at::Tensor> ids{at::empty({B, S}, at::kLong)}, mask{at::empty({B, S}, at::kByte)},
@@ -146,7 +143,7 @@ StepInputs receive_micro_batch(const Config& c, dist::Cluster& cl, int64_t g, in
   cl.recv(hidden, src, int(g * 4 + 3), what);
   StepInputs in{ids[0], mask[0].to(at::kBool), feats[0], hidden[0], {}};
   in.anchors = fixtures::step_anchors(c, in.loss_mask, "anchors", uint64_t(g));
-  return in;
+  return to_device(in, device);
 }
 
 // Runs `collective` on the tensors flattened into buckets of about 25 MB
@@ -207,20 +204,23 @@ bool finite_step(const MicroResult& m, const DrafterWeights& w) {
 // Drafter rank: receive, step, all-reduce, update; rank 0 reports.
 void train_drafter_rank(const Config& c, const TrainOptions& o, dist::Cluster& cl, int64_t D,
                         std::vector<StepLog>& log) {
+  const c10::Device device = config_device(c);  // cuda: cuda:LOCAL_RANK
   DrafterWeights w = fixtures::make_drafter(c);
+  to_device(w, device);
   AdamW opt(named(w), o.optim);
   if (o.hooks.resume) o.hooks.resume(w, opt);
   broadcast_parameters(cl, w);
   if (cl.drafter_index() == 0 && o.hooks.at_start) o.hooks.at_start();
-  const FrozenWeights frozen =
-      o.hooks.frozen ? o.hooks.frozen() : fixtures::make_target(c).frozen();
+  FrozenWeights frozen = o.hooks.frozen ? o.hooks.frozen() : fixtures::make_target(c).frozen();
+  to_device(frozen, device);
   const StepFn fn = step_fn(o.build);
   const bool reporter = cl.drafter_index() == 0;
   for (int64_t t = o.hooks.start_step; t < o.steps; ++t) {
     maybe_fault(o.fault, cl.rank(), t);
     const double t0 = now();
     const int64_t g = t * D + cl.drafter_index();
-    const StepInputs in = receive_micro_batch(c, cl, g, cl.target_rank(g % cl.num_targets()));
+    const StepInputs in =
+        receive_micro_batch(c, cl, g, cl.target_rank(g % cl.num_targets()), device);
     const double waited = now() - t0;
     zero_grads(w);
     if (o.hooks.before_step) o.hooks.before_step(t, w);
@@ -264,7 +264,7 @@ std::vector<StepLog> train_distributed(const Config& c, const TrainOptions& o, d
 }
 
 int run_train(const Config& c, const TrainOptions& o) {
-  check_split_device(c);
+  activate_split_device(c);
   const dist::Env env = dist::env_from_process();
   if (!env.present || env.world_size == 1)
     throw dist::DistError("the split needs RANK / WORLD_SIZE > 1 (dflash launch or torchrun)");

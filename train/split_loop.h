@@ -71,11 +71,13 @@ std::vector<StepLog> train_distributed(const Config& c, const TrainOptions& o, d
 // Shared with the single-process loop (train/loop.cpp), so both accumulate
 // and normalise identically: clear the drafter's gradients; divide the
 // summed numerator's gradients by the global weight sum (den > 0); write the
-// parameters (safetensors, "" = nothing). The split runs on CPU ranks only (check_split_device).
+// parameters (safetensors, "" = nothing). On CUDA every rank computes on its device and
+// the transfers and collectives go through host copies over gloo (no NCCL groups yet).
 void zero_grads(const DrafterWeights& w);
 void scale_grads(const DrafterWeights& w, double den);
 void write_params(const std::string& path, const DrafterWeights& w);
-void check_split_device(const Config& c);
+// The rank's device (topology.device; "cuda" = cuda:LOCAL_RANK) made usable.
+void activate_split_device(const Config& c);
 
 // Checks the launcher's environment against the config, joins the ranks
 // (config hash compared) and trains.
