@@ -173,7 +173,7 @@ int cmd_bench(const BenchArgs& a) {
     return cmd_launch(l);
   }
   configure_threads(a.threads);
-  return harness::run_bench({a.cases, a.quick, a.repeats, a.json, a.device});
+  return harness::run_bench({a.cases, a.quick, a.repeats, a.json, a.device, a.kernels});
 }
 
 namespace {

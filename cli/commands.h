@@ -39,7 +39,8 @@ struct BenchArgs {
   int repeats = 2;
   std::string json;
   int64_t threads = 0;
-  std::string device = "cpu";  // --device: cpu, cuda, cuda:N
+  std::string device = "cpu";    // --device: cpu, cuda, cuda:N
+  std::string kernels = "auto";  // --kernels: auto, host, aten
 };
 int cmd_bench(const BenchArgs& a);
 

@@ -91,6 +91,9 @@ void add_bench(CLI::App& app, Subcommands& subs) {
   b->add_option("--threads", a->threads, "Intra-op threads (default: OMP_NUM_THREADS or cores)");
   b->add_option("--device", a->device,
                 "cpu, cuda or cuda:N (CUDA: bf16 at the GPU sizes of docs/GPU.md unless --quick)");
+  b->add_option("--kernels", a->kernels,
+                "The optimized path's row work: auto (host on CPU, aten on CUDA), host, aten")
+      ->check(CLI::IsMember({"auto", "host", "aten"}));
   b->add_flag("--dist", a->dist,
               "Transfer throughput, all-reduce busbw and waiting fraction of "
               "the target/drafter split (launches the config's ranks)");

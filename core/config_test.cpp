@@ -133,6 +133,17 @@ INSTANTIATE_TEST_SUITE_P(
         Rejected{"negative_chunk", with("kl_weight", "kl_weight = 0.5\nchunk_size = -2"),
                  "loss.chunk_size", "[0, 4194304]"},
         Rejected{"not_finite", with("kl_weight", "kl_weight = nan"), "loss.kl_weight", "finite"},
+        Rejected{"device_named_gpu", with("", "device = \"gpu\"", "topology"), "topology.device",
+                 "\"cuda:N\""},
+        Rejected{"device_index_with_leading_zero", with("", "device = \"cuda:01\"", "topology"),
+                 "topology.device", "\"cuda:N\""},
+        Rejected{"device_index_too_large", with("", "device = \"cuda:1024\"", "topology"),
+                 "topology.device", "N a device index < 1024"},
+        Rejected{"unknown_kernels", with("", "kernels = \"cuda\"", "optimized"),
+                 "optimized.kernels", "\"aten\""},
+        Rejected{"host_kernels_on_cuda",
+                 with("", "device = \"cuda\"", "topology") + "\n[optimized]\nkernels = \"host\"\n",
+                 "optimized.kernels", "CPU tensors only"},
         Rejected{"rank_out_of_range",
                  with("", "world_size = 2\ntarget_ranks = [0]\ndrafter_ranks = [2]", "topology"),
                  "topology.drafter_ranks", "[0, 2)"},
@@ -215,6 +226,17 @@ TEST(Config, BaseIsValidAndResolvesDefaults) {
   EXPECT_EQ(c.drafter.target_layer_ids, (std::vector<int64_t>{1, 3}));
   EXPECT_DOUBLE_EQ(c.loss.ce_weight, 1.0);
   EXPECT_EQ(c.run.dtype, DType::kFloat32);
+}
+
+TEST(Config, DeviceNames) {
+  for (const char* ok : {"cpu", "cuda", "cuda:0", "cuda:7", "cuda:1023"})
+    EXPECT_TRUE(is_device_name(ok)) << ok;
+  for (const char* bad :
+       {"", "gpu", "cuda:", "cuda:01", "cuda:1024", "cuda:-1", "cuda:x", "CPU", "cuda:0 "})
+    EXPECT_FALSE(is_device_name(bad)) << bad;
+  // The accepted ones load: a CUDA config is read (and checked) on a CPU machine.
+  EXPECT_EQ(error_of(with("", "device = \"cuda:3\"", "topology")), "");
+  EXPECT_EQ(error_of(with("", "kernels = \"aten\"", "optimized")), "");
 }
 
 TEST(Config, DefaultLayerIdsFollowSpecRule) {

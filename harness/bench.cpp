@@ -28,6 +28,10 @@ double sys_time() {
   return double(u.ru_stime.tv_sec) + 1e-6 * double(u.ru_stime.tv_usec);
 }
 
+const char* dt_name(at::ScalarType t) {
+  return t == at::kBFloat16 ? "bf16" : t == at::kDouble ? "fp64" : "fp32";
+}
+
 double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -52,6 +56,7 @@ class LossCase : public BenchCase {
     at::manual_seed(0);
     cfg_ = fixtures::micro_config();
     cfg_.loss = {1.0, 1.0, 1.0, 0.0, C_};
+    cfg_.optimized.kernels = w.kernels;
     const auto o = at::TensorOptions().device(w.device).dtype(dt_);
     D_ = at::randn({1, Q_, H_}, o).requires_grad_(true);          // (1, Q, H)
     Ht_ = at::randn({1, Q_, H_}, o);                              // (1, Q, H)
@@ -67,7 +72,7 @@ class LossCase : public BenchCase {
   }
   std::string name() const override { return "loss"; }
   std::string shape() const override {
-    return fmt::format("Q={} H={} V={} chunk={} {} CE+KL", Q_, H_, V_, C_, c10::toString(dt_));
+    return fmt::format("Q={} H={} V={} chunk={} {} CE+KL", Q_, H_, V_, C_, dt_name(dt_));
   }
   double flops(bool) const override { return 3.0 * 2.0 * double(Q_) * double(H_) * double(V_); }
   int64_t floor_bytes() const override {
@@ -106,7 +111,7 @@ class AttentionCase : public BenchCase {
         nkv_(w.gpu_sizes() ? 8 : 4),
         hd_(w.gpu_sizes() ? 128 : 64),
         dt_(w.gpu_sizes() ? at::kBFloat16 : at::kFloat),
-        kernels_(optimized::resolve_kernels("auto", w.device)) {
+        kernels_(optimized::resolve_kernels(w.kernels, w.device)) {
     at::manual_seed(1);
     const int64_t Q = N_ * bs_;
     const auto o = at::TensorOptions().device(w.device).dtype(dt_);
@@ -120,7 +125,7 @@ class AttentionCase : public BenchCase {
   std::string name() const override { return "attention"; }
   std::string shape() const override {
     return fmt::format("S={} N={} bs={} nh={} nkv={} hd={} {}", S_, N_, bs_, nh_, nkv_, hd_,
-                       c10::toString(dt_));
+                       dt_name(dt_));
   }
   double flops(bool optimized) const override {
     const double Q = double(N_ * bs_);
@@ -162,6 +167,7 @@ class StepCase : public BenchCase {
                                   cfg_.target.vocab_size - 1);
     cfg_.loss = {1.0, 0.5, 1.0, 7.0, quick ? 64 : 256};
     cfg_.optimized.checkpoint_layers = true;
+    cfg_.optimized.kernels = w.kernels;
     cfg_.topology.device = w.device.str();
     if (w.gpu_sizes()) cfg_.run.dtype = DType::kBFloat16;
     validate_config(cfg_);
@@ -286,7 +292,7 @@ int run_bench(const BenchOptions& o) {
   AllocProbe::install();
   const c10::Device device = parse_device(o.device, "dflash bench --device");
   activate_device(device, "dflash bench --device");
-  const BenchWhere where{o.quick, device};
+  const BenchWhere where{o.quick, device, o.kernels};
   // Cases are built one at a time so that only the measured case's inputs
   // are live: peaks are absolute (inputs included).
   std::vector<std::function<std::unique_ptr<BenchCase>()>> cases;
@@ -303,11 +309,13 @@ int run_bench(const BenchOptions& o) {
       "(measured now){}; optimized kernels: {}\n\n",
       device.str(), at::get_num_threads(), policy ? policy : "(unset)",
       device.is_cpu() ? "fp32" : "bf16", gemm, o.quick ? ", quick sizes" : "",
-      optimized::kernels_name(optimized::resolve_kernels("auto", device)));
-  nlohmann::json out = {{"device", device.str()},
-                        {"threads", at::get_num_threads()},
-                        {"gemm_gflops", gemm},
-                        {"cases", {}}};
+      optimized::kernels_name(optimized::resolve_kernels(o.kernels, device)));
+  nlohmann::json out = {
+      {"device", device.str()},
+      {"kernels", optimized::kernels_name(optimized::resolve_kernels(o.kernels, device))},
+      {"threads", at::get_num_threads()},
+      {"gemm_gflops", gemm},
+      {"cases", {}}};
   for (auto& make : cases) {
     const std::unique_ptr<BenchCase> c = make();
     fmt::print("{}: {}\n", c->name(), c->shape());

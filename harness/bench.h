@@ -38,6 +38,7 @@ class BenchCase {
 struct BenchWhere {
   bool quick = false;
   c10::Device device{c10::kCPU};
+  std::string kernels = "auto";  // [optimized] kernels of the optimized path
   bool gpu_sizes() const { return !quick && !device.is_cpu(); }
 };
 std::unique_ptr<BenchCase> loss_case(bool quick);
@@ -60,6 +61,7 @@ struct BenchOptions {
   int repeats = 2;
   std::string json_path;  // write the results here too
   std::string device = "cpu";
+  std::string kernels = "auto";  // auto | host | aten: the optimized path's row work
 };
 int run_bench(const BenchOptions& o);
 
