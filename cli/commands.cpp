@@ -78,7 +78,7 @@ bool compare_recorded(const harness::StepDump& d, const StepResult& r) {
     fmt::print("\n  the file records no output.loss: nothing to compare\n");
     return false;
   }
-  const at::Tensor now = r.out.loss.detach().to(it->second.scalar_type());
+  const at::Tensor now = r.out.loss.detach().to(at::kCPU).to(it->second.scalar_type());
   const bool same = at::equal(now, it->second);
   fmt::print("\n  loss recorded   {}\n  loss recomputed {}\n  bit for bit: {}\n",
              bits_of(it->second), bits_of(now), same ? "yes" : "NO");
@@ -88,7 +88,7 @@ bool compare_recorded(const harness::StepDump& d, const StepResult& r) {
     auto rec = d.recorded.find("grad." + name);
     if (rec == d.recorded.end() || !g.defined()) continue;
     const double diff =
-        (g.to(at::kDouble) - rec->second.to(at::kDouble)).abs().max().item<double>();
+        (g.to(at::kCPU, at::kDouble) - rec->second.to(at::kDouble)).abs().max().item<double>();
     if (diff >= worst) worst = diff, worst_name = name;
   }
   fmt::print("  gradients: max |recomputed - recorded| = {:.3e} ({})\n", worst, worst_name);

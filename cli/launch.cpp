@@ -122,18 +122,38 @@ std::string launch_verdict;  // the verdict file this launcher wrote, removed at
 
 int preflight_before_training(const std::vector<std::string>& args) {
   if (args.empty() || args[0] != "train") return 0;
-  std::string config;
+  std::string config, device;
   for (size_t i = 1; i < args.size(); ++i) {
     if (args[i] == "--skip-preflight") return 0;
     if (args[i] == "--config" && i + 1 < args.size()) config = args[i + 1];
     if (args[i].rfind("--config=", 0) == 0) config = args[i].substr(9);
+    if (args[i] == "--device" && i + 1 < args.size()) device = args[i + 1];
+    if (args[i].rfind("--device=", 0) == 0) device = args[i].substr(9);
   }
   if (config.empty()) return 0;  // the ranks will report the missing --config
   harness::PreflightOptions o;
   o.config = config;
+  o.device = device;
   o.cases = 25;
   o.json = "/tmp/dflash-launch-preflight-" + std::to_string(::getpid()) + ".json";
-  if (harness::run_preflight(o) != 0) {
+  // In a child process: a CUDA preflight's context and cached blocks must
+  // not stay on rank 0's device for the whole run.
+  std::fflush(stdout);
+  const pid_t pid = fork();
+  if (pid < 0) throw std::runtime_error("launch: fork failed");
+  if (pid == 0) {
+    int code = 1;
+    try {
+      code = harness::run_preflight(o);
+    } catch (const std::exception& e) {
+      fmt::print(stderr, "dflash launch: preflight: {}\n", e.what());
+    }
+    std::fflush(stdout);
+    std::_Exit(code);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
     fmt::print(stderr,
                "dflash launch: preflight FAILED; no rank started (--skip-preflight "
                "after `train` overrides, knowingly)\n");

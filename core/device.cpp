@@ -15,23 +15,20 @@ c10::Device parse_device(const std::string& name, const std::string& what) {
     throw std::runtime_error(
         fmt::format("{}: expected \"cpu\", \"cuda\" or \"cuda:N\", found \"{}\"", what, name));
   if (name == "cpu") return c10::Device(c10::kCPU);
-  if (name == "cuda") return c10::Device(c10::kCUDA);
+  if (name == "cuda") {  // this process's device: a launched rank's LOCAL_RANK, else 0
+    const char* local = std::getenv("LOCAL_RANK");
+    return c10::Device(c10::kCUDA, c10::DeviceIndex(local && *local ? std::atoi(local) : 0));
+  }
   return c10::Device(c10::kCUDA, c10::DeviceIndex(std::stoi(name.substr(5))));
 }
 
 c10::Device config_device(const Config& c) {
-  c10::Device d = parse_device(c.topology.device, c.path + ": topology.device");
-  if (d.is_cuda() && !d.has_index()) {
-    const char* local = std::getenv("LOCAL_RANK");
-    const int index = local && *local ? std::atoi(local) : 0;
-    d = c10::Device(c10::kCUDA, c10::DeviceIndex(index));
-  }
-  return d;
+  return parse_device(c.topology.device, c.path + ": topology.device");
 }
 
 void activate_device(const c10::Device& d, const std::string& what) {
   if (d.is_cpu()) return;
-  TORCH_CHECK(d.is_cuda(), what, ": unsupported device ", d.str());
+  TORCH_CHECK(d.is_cuda() && d.has_index(), what, ": unsupported device ", d.str());
   std::string why;
   if (!load_torch_cuda(&why))
     throw std::runtime_error(
@@ -90,7 +87,7 @@ StepInputs to_device(const StepInputs& in, const c10::Device& d) {
 
 void synchronize(const c10::Device& d) {
   if (d.is_cpu()) return;
-  c10::impl::VirtualGuardImpl(d.type()).synchronizeDevice(d.index());
+  c10::impl::VirtualGuardImpl(d.type()).synchronizeDevice(d.has_index() ? d.index() : 0);
 }
 
 }  // namespace dflash

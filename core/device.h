@@ -15,7 +15,8 @@
 
 namespace dflash {
 
-// `name` as a device ("cpu", "cuda", "cuda:N"); `what` names the source in
+// `name` as a device ("cpu", "cuda", "cuda:N"), always with an index for
+// CUDA ("cuda" = cuda:LOCAL_RANK, else cuda:0); `what` names the source in
 // the error (a config key or a command-line flag).
 c10::Device parse_device(const std::string& name, const std::string& what);
 

@@ -65,6 +65,36 @@ EnvVerdict check_cuda_devices(const Config& c, const Environment& env, int64_t r
           ""};
 }
 
+// topology.device = "cuda:N": every rank of this node shares device N, which
+// must exist, run dflash's probe kernel and hold the ranks' plans together.
+EnvVerdict check_pinned_device(const Config& c, const Environment& env, int64_t ranks_here) {
+  const auto& tp = c.topology;
+  const int64_t index = std::stoll(tp.device.substr(5)), n = int64_t(env.cuda.devices.size());
+  if (index >= n)
+    return fail(fmt::format("no {}", tp.device),
+                fmt::format("{}: topology.device = \"{}\", but {} offers {} CUDA device{}", c.path,
+                            tp.device, env.source, n, n == 1 ? "" : "s"));
+  const CudaDevice& d = env.cuda.devices[size_t(index)];
+  if (!d.kernel_error.empty())
+    return fail(fmt::format("{} cannot run dflash's kernels", tp.device),
+                fmt::format("{} ({}, sm_{}{}) failed dflash's probe kernel: {}", tp.device, d.name,
+                            d.cc_major, d.cc_minor, d.kernel_error));
+  double want = 0;
+  for (int64_t r = 0; r < ranks_here && r < int64_t(tp.device_memory_gb.size()); ++r)
+    want += tp.device_memory_gb[size_t(r)] * 1e9;
+  if (double(d.total_bytes) < want)
+    return fail(fmt::format("{} has {:.1f} GB, its {} ranks are planned for {:.1f} GB", tp.device,
+                            d.total_bytes / 1e9, ranks_here, want / 1e9),
+                fmt::format("{}: the {} ranks pinned to {} share it; topology.device_memory_gb "
+                            "sums to {:.2f} GB, it has {:.2f} GB",
+                            c.path, ranks_here, tp.device, want / 1e9, d.total_bytes / 1e9));
+  return {true,
+          fmt::format("{}: {} rank{} on one device ({}, {:.0f} GB); libtorch {} CUDA {}", tp.device,
+                      ranks_here, ranks_here == 1 ? "" : "s", d.name, d.total_bytes / 1e9,
+                      env.torch_version, env.torch_cuda_version),
+          ""};
+}
+
 }  // namespace
 
 EnvVerdict check_environment(const Config& c, const Environment& env, int64_t local_world_size) {
@@ -72,15 +102,16 @@ EnvVerdict check_environment(const Config& c, const Environment& env, int64_t lo
   if (tp.device == "cpu") return check_cpu(c, env);
   if (!env.torch_cuda)
     return fail("libtorch without CUDA",
-                fmt::format("{}: topology.device = \"cuda\", but the libtorch of {} is a CPU "
+                fmt::format("{}: topology.device = \"{}\", but the libtorch of {} is a CPU "
                             "build (torch {})",
-                            c.path, env.source, env.torch_version));
+                            c.path, tp.device, env.source, env.torch_version));
   if (env.cuda.devices.empty())
     return fail(
         "no CUDA device",
-        fmt::format("{}: topology.device = \"cuda\", but {} has no usable CUDA device: {}", c.path,
-                    env.source, env.cuda.error.empty() ? "none found" : env.cuda.error));
+        fmt::format("{}: topology.device = \"{}\", but {} has no usable CUDA device: {}", c.path,
+                    tp.device, env.source, env.cuda.error.empty() ? "none found" : env.cuda.error));
   const int64_t ranks_here = local_world_size > 0 ? local_world_size : tp.world_size;
+  if (tp.device != "cuda") return check_pinned_device(c, env, ranks_here);
   return check_cuda_devices(c, env, ranks_here);
 }
 

@@ -47,6 +47,26 @@ TEST(EnvCheck, CudaConfigWithoutDeviceFailsAndSaysHowToPlanElsewhere) {
   EXPECT_TRUE(mentions(v, "--plan-for-another-machine")) << v.detail;
 }
 
+// topology.device = "cuda:N": the node's ranks share device N (how the GPU
+// check runs three ranks on one GPU).
+TEST(EnvCheck, PinnedDeviceIsSharedByTheNodesRanks) {
+  Config c = seed();
+  c.topology.device = "cuda:3";
+  c.topology.device_memory_gb.assign(8, 17.0);  // 8 x 17 GB fit one 143 GB H200
+  const EnvVerdict ok = check_environment(c, h200x8(), 0);
+  EXPECT_TRUE(ok.ok) << ok.detail;
+  EXPECT_TRUE(mentions(ok, "cuda:3: 8 ranks on one device")) << ok.figure;
+  c.topology.device_memory_gb.assign(8, 20.0);  // 160 GB do not
+  const EnvVerdict full = check_environment(c, h200x8(), 0);
+  EXPECT_FALSE(full.ok);
+  EXPECT_TRUE(mentions(full, "share it")) << full.detail;
+  Environment two = h200x8();
+  two.cuda.devices.resize(2);
+  const EnvVerdict missing = check_environment(c, two, 0);
+  EXPECT_FALSE(missing.ok);
+  EXPECT_TRUE(mentions(missing, "topology.device = \"cuda:3\", but")) << missing.detail;
+}
+
 TEST(EnvCheck, CpuOnlyLibtorchFails) {
   Environment e = h200x8();
   e.torch_cuda = false;

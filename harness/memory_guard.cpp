@@ -86,7 +86,7 @@ void set_ignore_memory_plan(bool ignore) { g_ignore_memory_plan = ignore; }
 void guard_memory(const Config& c, Workload w, const std::string& command) {
   // A CUDA run is held to the configured device size; a CPU run (all its
   // ranks on this host) to the memory this host has available now.
-  const bool cuda = c.topology.device == "cuda";
+  const bool cuda = c.topology.device != "cpu";             // "cuda" or "cuda:N"
   if (cuda && c.topology.device_memory_gb.empty()) return;  // the environment check sizes it
   const double capacity = cuda ? *std::min_element(c.topology.device_memory_gb.begin(),
                                                    c.topology.device_memory_gb.end()) *

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "core/weights.h"
 #include "harness/memory.h"
 
 namespace dflash::harness {
@@ -178,8 +179,8 @@ namespace {
 
 // What the CUDA caching allocator holds beyond the live tensors: blocks over
 // 1 MiB are rounded up to 2 MiB multiples (~1 MiB per live large tensor:
-// about 4 per drafter parameter tensor for weights, masters, gradients and
-// AdamW moments, plus ~64 for activations and buffers), and freed blocks of
+// 5 per drafter parameter tensor for the compute copy, master, gradient and
+// the two AdamW moments, plus ~64 for activations and buffers), and freed blocks of
 // the working sets stay cached for reuse (planned as 10% of the largest
 // transient). A model, not yet calibrated on a GPU (docs/GPU.md).
 PlanItem cuda_allocator_item(const Config& c, const std::vector<PlanItem>& items, bool drafter) {
@@ -187,7 +188,7 @@ PlanItem cuda_allocator_item(const Config& c, const std::vector<PlanItem>& items
   for (const auto& i : items)
     if (i.kind == PlanItem::kForwardTransient || i.kind == PlanItem::kBackwardTransient)
       transient = std::max(transient, i.bytes);
-  const double tensors = (drafter ? 4.0 * double(9 * c.drafter.num_hidden_layers + 3) : 0.0) + 64;
+  const double tensors = (drafter ? 5.0 * double(drafter_specs(c).size()) : 0.0) + 64;
   const double mib = 1024.0 * 1024.0;
   return {"CUDA caching allocator (2 MiB rounding, cached free blocks)",
           tensors * mib + 0.1 * transient, PlanItem::kPersistent,

@@ -73,6 +73,7 @@ bool cadence_key(const std::string& k) {
                                               "train.keep_checkpoints",
                                               "train.out_dir",
                                               "run.threads",
+                                              "optimized.kernels",
                                               "topology.timeout_s",
                                               "topology.startup_timeout_s",
                                               "topology.queue_depth",

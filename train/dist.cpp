@@ -41,19 +41,16 @@ std::string string_of(const std::vector<uint8_t>& b) { return {b.begin(), b.end(
 Env env_from_process() {
   Env e;
   e.world_size = env_int("WORLD_SIZE", 1);
-  e.node_rank = env_int("NODE_RANK", env_int("GROUP_RANK", 0));
+  e.node_rank = env_int("GROUP_RANK", env_int("NODE_RANK", 0));  // torchrun sets GROUP_RANK
   e.local_world_size = env_int("LOCAL_WORLD_SIZE", 0);
   const bool have_rank = std::getenv("RANK") != nullptr;
   const bool have_node = std::getenv("LOCAL_RANK") && e.local_world_size > 0 &&
                          (std::getenv("NODE_RANK") || std::getenv("GROUP_RANK"));
   e.present = std::getenv("WORLD_SIZE") && (have_rank || have_node);
   e.local_rank = env_int("LOCAL_RANK", have_rank ? env_int("RANK", 0) : 0);
-  const int64_t from_node = e.node_rank * e.local_world_size + e.local_rank;
-  e.rank = have_rank ? env_int("RANK", 0) : from_node;
-  if (have_rank && have_node && e.rank != from_node)
-    throw DistError(fmt::format(
-        "RANK={} disagrees with NODE_RANK={} x LOCAL_WORLD_SIZE={} + LOCAL_RANK={} = {}", e.rank,
-        e.node_rank, e.local_world_size, e.local_rank, from_node));
+  // RANK, when set, is the launcher's word (torchrun's elastic rendezvous
+  // orders nodes by arrival); otherwise the node's position gives it.
+  e.rank = have_rank ? env_int("RANK", 0) : e.node_rank * e.local_world_size + e.local_rank;
   if (const char* a = std::getenv("MASTER_ADDR")) e.master_addr = a;
   e.port = int(env_int("MASTER_PORT", 29500));
   return e;

@@ -37,12 +37,10 @@ struct DistError : std::runtime_error {
 
 // The launcher's environment; present = a rank and WORLD_SIZE were set.
 // One node: RANK (LOCAL_RANK defaults to it). Several nodes (torchrun
-// --nnodes, dflash launch --nnodes): RANK, or NODE_RANK (torchrun's
-// GROUP_RANK) x LOCAL_WORLD_SIZE + LOCAL_RANK when RANK is absent; when both
-// are given they must agree. Rank 0 serves the rendezvous store at
-// MASTER_ADDR:MASTER_PORT; every rank binds its gloo device to
-// GLOO_SOCKET_IFNAME if set, else to its own address on the route to
-// MASTER_ADDR.
+// --nnodes, dflash launch --nnodes): RANK, or, when a launcher sets none,
+// GROUP_RANK (torchrun) or NODE_RANK x LOCAL_WORLD_SIZE + LOCAL_RANK. Rank 0 serves the rendezvous
+// store at MASTER_ADDR:MASTER_PORT; every rank binds its gloo device to GLOO_SOCKET_IFNAME if set,
+// else to its own address on the route to MASTER_ADDR.
 struct Env {
   bool present = false;
   int64_t rank = 0, world_size = 1, local_rank = 0;

@@ -321,6 +321,7 @@ bool gate(const Config& c, const RunOptions& o, const std::string& dir) {
     p.json = verdict.string();
     p.cases = o.preflight_cases;
     p.out_dir = dir;
+    p.device = o.device;  // --device: the twin runs where the run will
     if (harness::run_preflight(p) != 0) {
       fmt::print(stderr,
                  "dflash train: preflight FAILED (table above); not training. Fix the config "
