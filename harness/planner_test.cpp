@@ -101,5 +101,39 @@ TEST(Planner, FusedLossByHand) {
                    131072.0 + 4194304 + 24576 + 57344);
 }
 
+// The ATen twin's row work on top (bf16: up = 4, a = 4): CV(up + 3a + 1)
+// with the KL, CV(up + a) without.
+TEST(Planner, FusedLossOfTheAtenKernelsByHand) {
+  const double host = chunked_loss_bytes(1024, 1024, 32, 8192, 64, true, 2).bytes;
+  EXPECT_DOUBLE_EQ(
+      chunked_loss_bytes(1024, 1024, 32, 8192, 64, true, 2, optimized::Kernels::kAten).bytes,
+      host + 64.0 * 8192 * (4 + 12 + 1));
+  const double host_ce = chunked_loss_bytes(1024, 1024, 32, 8192, 64, false, 4).bytes;
+  EXPECT_DOUBLE_EQ(
+      chunked_loss_bytes(1024, 1024, 32, 8192, 64, false, 4, optimized::Kernels::kAten).bytes,
+      host_ce + 64.0 * 8192 * 4);
+}
+
+// A CUDA config is planned with the kernels it will run (aten) and the
+// caching allocator's rounding and cached blocks; a CPU one with neither.
+TEST(Planner, CudaPlanAssumesAtenKernelsAndTheCachingAllocator) {
+  const Config c = seed();  // topology.device = "cuda"
+  const PlanVariant v = configured_variant(c);
+  EXPECT_EQ(v.kernels, optimized::Kernels::kAten);
+  EXPECT_TRUE(v.cuda_allocator);
+  const Plan p = plan_memory(c, v);
+  const std::string text = p.format(true);
+  EXPECT_NE(text.find("(aten kernels, CUDA caching allocator)"), std::string::npos) << text;
+  EXPECT_NE(text.find("CUDA caching allocator (2 MiB rounding"), std::string::npos) << text;
+  PlanVariant host = v;
+  host.kernels = optimized::Kernels::kHost, host.cuda_allocator = false;
+  const Plan h = plan_memory(c, host);
+  EXPECT_GT(p.ranks[7].peak, h.ranks[7].peak) << "the ATen working set and the allocator add";
+  Config cpu = c;
+  cpu.topology.device = "cpu";
+  EXPECT_EQ(configured_variant(cpu).kernels, optimized::Kernels::kHost);
+  EXPECT_FALSE(configured_variant(cpu).cuda_allocator);
+}
+
 }  // namespace
 }  // namespace dflash::harness
