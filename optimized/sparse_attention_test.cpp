@@ -2,9 +2,12 @@
 // mask): output and dq, dk, dv under a random per-element upstream gradient.
 #include "optimized/sparse_attention.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "core/alloc_probe.h"
+#include "harness/parity.h"
+#include "harness/properties.h"
 #include "harness/tolerance.h"
 #include "reference/step.h"
 
@@ -111,6 +114,42 @@ TEST_P(SparseAttentionParity, Float32ErrorRatio) {
   const auto rep = compare_runs(opt, r32, r64, {4.0, 1e-7});
   EXPECT_TRUE(rep.ok()) << rep.format();
   if (std::getenv("DFLASH_VERBOSE")) std::cout << rep.format();
+}
+
+TEST_P(SparseAttentionParity, BFloat16ErrorRatio) {
+  const AttnInputs in = make_inputs(ac(), 4);
+  const AttnRun r64 = run(reference_fn, ac(), in, at::kDouble);
+  const AttnRun r16 = run(reference_fn, ac(), in, at::kBFloat16);
+  const AttnRun opt = run(sparse_fn, ac(), in, at::kBFloat16, kernels());
+  // bf16 inputs, fp32 statistics and accumulators: the parity property's
+  // bf16 rule (harness/parity.h): 4x the reference's own bf16 error + 2^-11.
+  // The backward's D = rowsum(dO o O) must use the fp32 output: from the
+  // bf16-rounded one it no longer cancels dP (that mutant fails here).
+  const auto rep = compare_runs(opt, r16, r64, harness::dtype_rule(DType::kBFloat16).tol);
+  EXPECT_TRUE(rep.ok()) << rep.format();
+  if (std::getenv("DFLASH_VERBOSE")) std::cout << rep.format();
+}
+
+// A shrunk counterexample of parity.attention (bf16, one block, tile 1):
+// it caught the backward computing D = rowsum(dO o O) from the bf16-rounded
+// output instead of the fp32 one, which random cases rarely expose. Replayed
+// on both kernel implementations; the real code must pass it.
+TEST(SparseAttention, Bf16CounterexampleStaysFixed) {
+  for (const char* kernels : {"host", "aten"}) {
+    const std::string text = fmt::format(
+        "[case]\ncomponent = \"attention\"\nB = 1\nS = 4\nN = 1\nblock_size = 2\nnkv = 1\n"
+        "group = 1\nhead_dim = 8\ntile = 1\ndtype = \"bfloat16\"\nkernels = \"{}\"\nseed = 0\n"
+        "anchors = [[0]]\nkeep = [[1]]\n",
+        kernels);
+    harness::ComponentImpls impls;
+    impls.attention = [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                         const Anchors& a, int64_t S, int64_t bs, int64_t tile,
+                         Kernels kn) { return draft_attention(q, k, v, a, S, bs, tile, kn); };
+    std::string size;
+    const std::string report =
+        harness::replay_component_case(text, "bf16-counterexample.toml", impls, &size);
+    EXPECT_EQ(report, "") << kernels << ": " << size << "\n" << report;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, SparseAttentionParity,
