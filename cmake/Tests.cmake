@@ -26,19 +26,13 @@ foreach(src ${DFLASH_TEST_SOURCES})
   get_filename_component(area ${dir} NAME)
   set(exe ${area}_${name})
   if(name STREQUAL "nccl_gpu_test" AND NOT DFLASH_TORCH_HAS_CUDA)
-    continue()  # needs the CUDA build of libtorch (ProcessGroupNCCL)
+    continue()  # its plugin needs the CUDA build of libtorch (ProcessGroupNCCL)
   endif()
   add_executable(${exe} ${src})
   dflash_setup_target(${exe})
   target_link_libraries(${exe} PRIVATE dflash_test_deps)
   if(name STREQUAL "nccl_gpu_test")
-    # c10d's NCCL backend lives in libtorch_cuda: linked by file, so that
-    # torch's CMake does not add the driver stub (libcuda.so), and with the
-    # NCCL headers of the wheel that libtorch was built against.
-    target_link_libraries(${exe} PRIVATE $<TARGET_FILE:torch_cuda> $<TARGET_FILE:c10_cuda>)
-    if(EXISTS "${DFLASH_TORCH_ROOT}/../nvidia/nccl/include/nccl.h")
-      target_include_directories(${exe} BEFORE PRIVATE "${DFLASH_TORCH_ROOT}/../nvidia/nccl/include")
-    endif()
+    add_dependencies(${exe} dflash_nccl)  # the plugin it loads
   endif()
   target_precompile_headers(${exe} REUSE_FROM dflash_pch)
   # *_gpu_test.cpp: the GPU check's tests (label gpu; skipped with the reason

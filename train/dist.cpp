@@ -1,6 +1,7 @@
 #include "train/dist.h"
 
 #include <arpa/inet.h>
+#include <dlfcn.h>
 #include <fmt/format.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -9,10 +10,13 @@
 
 #include <cstdlib>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "core/device.h"
 
 namespace dflash::dist {
 namespace {
@@ -116,20 +120,91 @@ Cluster::Cluster(const Config& c, const Env& env)
                                 env.master_addr, env.port, tp.startup_timeout_s, e.what()));
   }
   check_config(c);
+  make_groups(c);
+  heartbeat_ = std::thread([this] { heartbeat_loop(); });
+}
+
+c10::intrusive_ptr<c10d::Backend> nccl_backend(const c10::intrusive_ptr<c10d::Store>& store,
+                                               int rank, int size,
+                                               std::chrono::milliseconds timeout) {
+  using Make = c10d::Backend* (*)(c10d::Store*, int, int, int64_t, char*, size_t);
+  static Make make = [] {
+    char exe[4096] = {0};
+    const ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    std::string dir = n > 0 ? std::string(exe, size_t(n)) : std::string(".");
+    dir = dir.substr(0, dir.find_last_of('/'));
+    const std::string lib = dir + "/libdflash_nccl.so";
+    void* h = dlopen(lib.c_str(), RTLD_NOW | RTLD_GLOBAL);
+    if (!h) throw DistError(fmt::format("cannot load {}: {}", lib, dlerror()));
+    auto* f = reinterpret_cast<Make>(dlsym(h, "dflash_nccl_backend"));
+    if (!f) throw DistError(fmt::format("{} has no dflash_nccl_backend", lib));
+    return f;
+  }();
+  char error[1024] = {0};
+  c10d::Backend* b = make(store.get(), rank, size, timeout.count(), error, sizeof(error));
+  if (!b) throw DistError(fmt::format("ProcessGroupNCCL: {}", error));
+  return c10::intrusive_ptr<c10d::Backend>::reclaim(b);
+}
+
+// Every rank publishes "host/device"; NCCL needs each rank on its own device.
+bool Cluster::ranks_have_own_devices(const c10::Device& d) {
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  const std::string mine = fmt::format("{}/{}", host, d.index());
+  store_->set(fmt::format("device/{}", env_.rank), bytes_of(mine));
+  std::set<std::string> seen;
+  for (int64_t r = 0; r < env_.world_size; ++r) {
+    const std::string key = fmt::format("device/{}", r);
+    store_->wait({key}, std::chrono::milliseconds(int64_t(cfg_.topology.startup_timeout_s * 1000)));
+    if (!seen.insert(string_of(store_->get(key))).second) return false;
+  }
+  return true;
+}
+
+// gloo over host memory, or NCCL when the run is on CUDA and every rank has
+// a device of its own (DFLASH_DIST_BACKEND=gloo|nccl forces one).
+void Cluster::make_groups(const Config& c) {
+  const c10::Device dev = config_device(c);
+  const char* forced = std::getenv("DFLASH_DIST_BACKEND");
+  const std::string want = forced ? forced : "auto";
+  if (want != "auto" && want != "gloo" && want != "nccl")
+    throw DistError(fmt::format("DFLASH_DIST_BACKEND={}: expected gloo or nccl", want));
+  bool nccl = dev.is_cuda() && want != "gloo" && ranks_have_own_devices(dev);
+  if (want == "nccl" && !nccl)
+    throw DistError(
+        fmt::format("rank {}: DFLASH_DIST_BACKEND=nccl needs topology.device = cuda "
+                    "and a device of its own for every rank",
+                    env_.rank));
+  if (nccl) {
+    try {
+      world_ = nccl_backend(c10::make_intrusive<c10d::PrefixStore>("world", store_), int(env_.rank),
+                            int(env_.world_size), timeout_);
+      if (is_drafter())
+        drafters_ = nccl_backend(c10::make_intrusive<c10d::PrefixStore>("drafters", store_),
+                                 int(drafter_index_), int(num_drafters()), timeout_);
+      backend_ = "nccl", transport_ = dev;
+      return;
+    } catch (const DistError& e) {
+      if (want == "nccl") throw;
+      // Every rank meets the same failure (the same build): all fall back.
+      fmt::print(stderr, "rank {}: NCCL unavailable ({}); using gloo through host memory\n",
+                 env_.rank, e.what());
+      world_.reset(), drafters_.reset();
+    }
+  }
   auto options = c10d::ProcessGroupGloo::Options::create(timeout_);
   const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
   options->devices.push_back(ifname && *ifname
                                  ? c10d::ProcessGroupGloo::createDeviceForInterface(ifname)
                                  : c10d::ProcessGroupGloo::createDeviceForHostname(
-                                       local_address_towards(env.master_addr)));
+                                       local_address_towards(env_.master_addr)));
   world_ = c10::make_intrusive<c10d::ProcessGroupGloo>(
-      c10::make_intrusive<c10d::PrefixStore>("world", store_), int(env.rank), int(env.world_size),
-      options);
+      c10::make_intrusive<c10d::PrefixStore>("gloo-world", store_), int(env_.rank),
+      int(env_.world_size), options);
   if (is_drafter())
     drafters_ = c10::make_intrusive<c10d::ProcessGroupGloo>(
-        c10::make_intrusive<c10d::PrefixStore>("drafters", store_), int(drafter_index_),
+        c10::make_intrusive<c10d::PrefixStore>("gloo-drafters", store_), int(drafter_index_),
         int(num_drafters()), options);
-  heartbeat_ = std::thread([this] { heartbeat_loop(); });
 }
 
 Cluster::~Cluster() {
@@ -139,6 +214,13 @@ Cluster::~Cluster() {
   }
   stop_ = true;
   if (heartbeat_.joinable()) heartbeat_.join();
+  if (backend_ == "nccl") {  // NCCL wants its communicators shut down, not just dropped
+    try {
+      if (drafters_) drafters_->shutdown();
+      world_->shutdown();
+    } catch (...) {
+    }
+  }
 }
 
 void Cluster::check_config(const Config& c) {
@@ -223,11 +305,12 @@ void Cluster::fail(const std::string& what, const std::exception& e) const {
 
 namespace {
 
-// gloo moves host memory: device tensors travel through host copies (the
-// split on CUDA before its NCCL groups; docs/DISTRIBUTED.md).
-std::vector<at::Tensor> on_host(const std::vector<at::Tensor>& t) {
+// The tensors where the backend needs them: gloo moves host memory (device
+// tensors travel through host copies), NCCL the rank's device (host tensors,
+// such as the step's sums, travel through device copies).
+std::vector<at::Tensor> on(const std::vector<at::Tensor>& t, const c10::Device& where) {
   std::vector<at::Tensor> h;
-  for (const at::Tensor& x : t) h.push_back(x.is_cpu() ? x : x.to(at::kCPU));
+  for (const at::Tensor& x : t) h.push_back(x.device() == where ? x : x.to(where));
   return h;
 }
 void copy_back(std::vector<at::Tensor>& t, const std::vector<at::Tensor>& h) {
@@ -238,7 +321,7 @@ void copy_back(std::vector<at::Tensor>& t, const std::vector<at::Tensor>& h) {
 }  // namespace
 
 void Cluster::send(std::vector<at::Tensor>& t_in, int64_t dst, int tag, const std::string& what) {
-  std::vector<at::Tensor> t = on_host(t_in);
+  std::vector<at::Tensor> t = on(t_in, transport_);
   try {
     world_->send(t, int(dst), tag)->wait(timeout_);
   } catch (const std::exception& e) {
@@ -249,7 +332,7 @@ void Cluster::send(std::vector<at::Tensor>& t_in, int64_t dst, int tag, const st
 void Cluster::isend(std::vector<at::Tensor> tensors, int64_t dst, int tag, size_t max_in_flight,
                     const std::string& what) {
   wait_sends(max_in_flight > 0 ? max_in_flight - 1 : 0, what);
-  tensors = on_host(tensors);  // kept alive until the send completes
+  tensors = on(tensors, transport_);  // kept alive until the send completes
   try {
     in_flight_.push_back({world_->send(tensors, int(dst), tag), tensors, dst});
   } catch (const std::exception& e) {
@@ -270,7 +353,7 @@ void Cluster::wait_sends(size_t max_in_flight, const std::string& what) {
 }
 
 void Cluster::recv(std::vector<at::Tensor>& t_out, int64_t src, int tag, const std::string& what) {
-  std::vector<at::Tensor> t = on_host(t_out);
+  std::vector<at::Tensor> t = on(t_out, transport_);
   try {
     world_->recv(t, int(src), tag)->wait(timeout_);
   } catch (const std::exception& e) {
@@ -280,7 +363,7 @@ void Cluster::recv(std::vector<at::Tensor>& t_out, int64_t src, int tag, const s
 }
 
 void Cluster::allreduce_drafters(std::vector<at::Tensor>& t_io, const std::string& what) {
-  std::vector<at::Tensor> t = on_host(t_io);
+  std::vector<at::Tensor> t = on(t_io, transport_);
   try {
     drafters_->allreduce(t)->wait(timeout_);
   } catch (const std::exception& e) {
@@ -290,7 +373,7 @@ void Cluster::allreduce_drafters(std::vector<at::Tensor>& t_io, const std::strin
 }
 
 void Cluster::broadcast_drafters(std::vector<at::Tensor>& t_io, const std::string& what) {
-  std::vector<at::Tensor> t = on_host(t_io);
+  std::vector<at::Tensor> t = on(t_io, transport_);
   try {
     c10d::BroadcastOptions o;
     o.rootRank = 0;

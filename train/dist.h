@@ -17,6 +17,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <vector>
 
@@ -25,7 +26,6 @@
 
 namespace c10d {
 class Store;
-class ProcessGroupGloo;
 class Work;
 }  // namespace c10d
 
@@ -53,6 +53,13 @@ Env env_from_process();
 // This host's address on the route to `master_addr` (what a gloo device
 // binds to); "127.0.0.1" for a loopback master.
 std::string local_address_towards(const std::string& master_addr);
+
+// c10d's ProcessGroupNCCL from libdflash_nccl.so beside the dflash binary
+// (dlopened on first use; train/nccl_plugin.cpp); throws DistError naming
+// the library and the loader's or NCCL's reason. Needs libtorch_cuda loaded.
+c10::intrusive_ptr<c10d::Backend> nccl_backend(const c10::intrusive_ptr<c10d::Store>& store,
+                                               int rank, int size,
+                                               std::chrono::milliseconds timeout);
 
 // A stable hash of the resolved config (what every rank must agree on).
 uint64_t config_hash(const Config& c);
@@ -91,6 +98,10 @@ class Cluster {
   // Rethrows a communication failure as a DistError naming the silent rank.
   [[noreturn]] void fail(const std::string& what, const std::exception& e) const;
 
+  // "gloo" (host memory; device tensors are staged through it) or "nccl"
+  // (every rank of a CUDA run on a device of its own; train/nccl_plugin.cpp).
+  const std::string& backend() const { return backend_; }
+
  private:
   void check_config(const Config& c);
   void compare_config_hashes(const Config& c);
@@ -101,7 +112,12 @@ class Cluster {
   Env env_;
   int64_t target_index_ = -1, drafter_index_ = -1;
   c10::intrusive_ptr<c10d::Store> store_;
-  c10::intrusive_ptr<c10d::ProcessGroupGloo> world_, drafters_;
+  void make_groups(const Config& c);
+  bool ranks_have_own_devices(const c10::Device& d);
+
+  c10::intrusive_ptr<c10d::Backend> world_, drafters_;
+  std::string backend_ = "gloo";
+  c10::Device transport_{c10::kCPU};  // where tensors must be for the backend
   std::chrono::milliseconds timeout_;
   struct InFlight {
     c10::intrusive_ptr<c10d::Work> work;

@@ -3,6 +3,9 @@
 // (float64 tight), the per-rank-normalisation mutant killed, a dead or hung
 // rank ending the run within the timeout with its name, and a config that
 // differs on one rank refused at startup.
+#include "train/dist.h"
+
+#include <ATen/detail/CUDAHooksInterface.h>
 #include <gtest/gtest.h>
 
 #include <array>
@@ -10,7 +13,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <regex>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
 
+#include "core/env.h"
 #include "core/safetensors.h"
 #include "fixtures/test_support.h"
 #include "harness/tolerance.h"
@@ -123,6 +128,22 @@ TEST(DistStartup, WorldSizeMismatchIsRefused) {
   EXPECT_NE(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("topology.world_size is 3 but the launcher started 2"), std::string::npos)
       << r.out;
+}
+
+// The NCCL plugin (libdflash_nccl.so) loads here too; without a CUDA device
+// ProcessGroupNCCL refuses, and the refusal arrives as a DistError naming it
+// instead of a crash (the CUDA split then says why it cannot use NCCL).
+TEST(DistNccl, PluginLoadsAndReportsWhyNcclCannotRun) {
+  std::string why;
+  if (!load_torch_cuda(&why)) GTEST_SKIP() << "a CPU-only libtorch: " << why;
+  if (at::detail::getCUDAHooks().deviceCount() > 0) GTEST_SKIP() << "a GPU is here: train.Nccl.*";
+  try {
+    dist::nccl_backend(c10::make_intrusive<c10d::HashStore>(), 0, 1,
+                       std::chrono::milliseconds(1000));
+    ADD_FAILURE() << "ProcessGroupNCCL was created without a CUDA device";
+  } catch (const dist::DistError& e) {
+    EXPECT_NE(std::string(e.what()).find("ProcessGroupNCCL"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
