@@ -26,20 +26,21 @@ c10::Device config_device(const Config& c) {
   return parse_device(c.topology.device, c.path + ": topology.device");
 }
 
+std::string cuda_unavailable() {
+  std::string why;
+  if (!load_torch_cuda(&why)) return "this libtorch cannot run CUDA: " + why;
+  if (at::detail::getCUDAHooks().deviceCount() == 0)
+    return "no CUDA device is visible (driver missing, or CUDA_VISIBLE_DEVICES empty)";
+  return "";
+}
+
 void activate_device(const c10::Device& d, const std::string& what) {
   if (d.is_cpu()) return;
   TORCH_CHECK(d.is_cuda() && d.has_index(), what, ": unsupported device ", d.str());
-  std::string why;
-  if (!load_torch_cuda(&why))
+  if (const std::string why = cuda_unavailable(); !why.empty())
     throw std::runtime_error(
-        fmt::format("{} = \"{}\": this libtorch cannot run CUDA: {}", what, d.str(), why));
+        fmt::format("{} = \"{}\": {}; `dflash env` says why", what, d.str(), why));
   const int count = at::detail::getCUDAHooks().deviceCount();
-  if (count == 0)
-    throw std::runtime_error(
-        fmt::format("{} = \"{}\": no CUDA device is visible (driver "
-                    "missing, or CUDA_VISIBLE_DEVICES empty); `dflash env` "
-                    "says why",
-                    what, d.str()));
   if (d.index() >= count)
     throw std::runtime_error(fmt::format("{} = \"{}\": this machine has {} CUDA device{}", what,
                                          d.str(), count, count == 1 ? "" : "s"));

@@ -24,6 +24,11 @@ c10::Device parse_device(const std::string& name, const std::string& what);
 // "cuda").
 c10::Device config_device(const Config& c);
 
+// Why no CUDA device can be used here ("" when one can): loads libtorch_cuda
+// (load_torch_cuda) and asks torch how many devices it sees. The gpu tests
+// skip with this reason.
+std::string cuda_unavailable();
+
 // Makes `d` usable in this process: for CUDA, loads libtorch_cuda
 // (load_torch_cuda), checks that torch sees the device and makes it the
 // current one. Errors name `what`. A no-op for the CPU.

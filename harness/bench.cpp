@@ -241,9 +241,6 @@ std::unique_ptr<BenchCase> attention_case(const BenchWhere& w) {
   return std::make_unique<AttentionCase>(w);
 }
 std::unique_ptr<BenchCase> step_case(const BenchWhere& w) { return std::make_unique<StepCase>(w); }
-std::unique_ptr<BenchCase> loss_case(bool quick) { return loss_case(BenchWhere{quick}); }
-std::unique_ptr<BenchCase> attention_case(bool quick) { return attention_case(BenchWhere{quick}); }
-std::unique_ptr<BenchCase> step_case(bool quick) { return step_case(BenchWhere{quick}); }
 
 PathResult measure(BenchCase& c, bool optimized, int repeats, const c10::Device& device) {
   AllocProbe::install();

@@ -41,9 +41,6 @@ struct BenchWhere {
   std::string kernels = "auto";  // [optimized] kernels of the optimized path
   bool gpu_sizes() const { return !quick && !device.is_cpu(); }
 };
-std::unique_ptr<BenchCase> loss_case(bool quick);
-std::unique_ptr<BenchCase> attention_case(bool quick);
-std::unique_ptr<BenchCase> step_case(bool quick);
 std::unique_ptr<BenchCase> loss_case(const BenchWhere& w);
 std::unique_ptr<BenchCase> attention_case(const BenchWhere& w);
 std::unique_ptr<BenchCase> step_case(const BenchWhere& w);

@@ -4,12 +4,10 @@
 // checkpointing's replay of the CUDA generator; memory ceilings read from the
 // CUDA caching allocator. Without a CUDA device every test is skipped with
 // the reason (ci/gpu-check.sh runs them where there is one).
-#include <ATen/detail/CUDAHooksInterface.h>
 #include <gtest/gtest.h>
 
 #include "core/alloc_probe.h"
 #include "core/device.h"
-#include "core/env.h"
 #include "fixtures/fixtures.h"
 #include "harness/memory.h"
 #include "harness/on_device.h"
@@ -30,10 +28,7 @@ constexpr double kSlackBytes = 8.0 * 1024 * 1024;
 class Gpu : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::string why;
-    if (!load_torch_cuda(&why)) GTEST_SKIP() << "no CUDA: " << why;
-    if (at::detail::getCUDAHooks().deviceCount() == 0)
-      GTEST_SKIP() << "no CUDA device visible (driver missing or CUDA_VISIBLE_DEVICES empty)";
+    if (const std::string why = cuda_unavailable(); !why.empty()) GTEST_SKIP() << why;
     activate_device(dev_, "the gpu tests");
   }
   const c10::Device dev_{c10::kCUDA, 0};

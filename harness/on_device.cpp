@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "core/device.h"
+
 namespace dflash::harness {
 namespace {
 
@@ -51,11 +53,10 @@ StepFn on_device(StepFn step, const c10::Device& device) {
   return [step = std::move(step), device](const Config& c, const DrafterWeights& w,
                                           const FrozenWeights& f, const StepInputs& in) {
     const Config cd = on(c, device);
+    // Weights by differentiable copies (an audit still sees a frozen weight
+    // that gets a gradient); the inputs carry none: core's to_device moves them.
     FrozenWeights fd{there(f.embed_tokens, device), there(f.lm_head, device)};
-    StepInputs id{there(in.input_ids, device), there(in.loss_mask, device),
-                  there(in.features, device), there(in.target_hidden, device),
-                  anchors_there(in.anchors, device)};
-    return outputs_back(step(cd, weights_there(w, device), fd, id));
+    return outputs_back(step(cd, weights_there(w, device), fd, to_device(in, device)));
   };
 }
 

@@ -5,24 +5,19 @@
 // stages them. Skipped with the reason where there is no CUDA device. (The
 // split over NCCL itself needs one GPU per rank: the GPU check's machine has
 // one, so the split's own test, train.SplitOnCuda, runs on gloo.)
-#include <ATen/detail/CUDAHooksInterface.h>
 #include <gtest/gtest.h>
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include "core/device.h"
-#include "core/env.h"
 #include "train/dist.h"
 
 namespace dflash {
 namespace {
 
 TEST(Nccl, OneRankGroupFromThePluginAllReducesAndBroadcasts) {
-  std::string why;
-  if (!load_torch_cuda(&why)) GTEST_SKIP() << "no CUDA: " << why;
-  if (at::detail::getCUDAHooks().deviceCount() == 0)
-    GTEST_SKIP() << "no CUDA device visible (driver missing or CUDA_VISIBLE_DEVICES empty)";
+  if (const std::string why = cuda_unavailable(); !why.empty()) GTEST_SKIP() << why;
   const c10::Device dev(c10::kCUDA, 0);
   activate_device(dev, "the NCCL test");
   auto pg = dist::nccl_backend(c10::make_intrusive<c10d::HashStore>(), 0, 1,

@@ -3,10 +3,9 @@
 // transfers and the gradient all-reduce through host copies over gloo) and
 // end with the parameters and losses of one CUDA process with
 // --micro-batches 2. Skipped with the reason where there is no CUDA device.
-#include <ATen/detail/CUDAHooksInterface.h>
 #include <gtest/gtest.h>
 
-#include "core/env.h"
+#include "core/device.h"
 #include "fixtures/test_support.h"
 #include "train/split_test_support.h"
 
@@ -16,13 +15,10 @@ namespace {
 using namespace testing_support;
 
 TEST(SplitOnCuda, ThreeRanksOnOneDeviceEqualOneProcess) {
-  std::string why;
-  if (!load_torch_cuda(&why)) GTEST_SKIP() << "no CUDA: " << why;
-  if (at::detail::getCUDAHooks().deviceCount() == 0)
-    GTEST_SKIP() << "no CUDA device visible (driver missing or CUDA_VISIBLE_DEVICES empty)";
+  if (const std::string why = cuda_unavailable(); !why.empty()) GTEST_SKIP() << why;
   TmpDir tmp;
-  const std::string common = " --skip-preflight --config " + cfg("dist-1x2.toml") +
-                             " --device cuda:0 --steps 3";
+  const std::string common =
+      " --skip-preflight --config " + cfg("dist-1x2.toml") + " --device cuda:0 --steps 3";
   const Shell split = sh(dflash() + " launch --nproc 3 -- train" + common + " --out-dir " +
                          (tmp / "split") + " --out-params " + (tmp / "split.st"));
   ASSERT_EQ(split.code, 0) << split.out;

@@ -37,10 +37,6 @@ void write_params(const std::string& path, const DrafterWeights& w) {
   safetensors::write(path, t, {{"format", "dflash-drafter-params-v1"}});
 }
 
-void activate_split_device(const Config& c) {
-  activate_device(config_device(c), c.path + ": topology.device");
-}
-
 namespace {
 
 double now() {
@@ -264,7 +260,7 @@ std::vector<StepLog> train_distributed(const Config& c, const TrainOptions& o, d
 }
 
 int run_train(const Config& c, const TrainOptions& o) {
-  activate_split_device(c);
+  activate_device(config_device(c), c.path + ": topology.device");
   const dist::Env env = dist::env_from_process();
   if (!env.present || env.world_size == 1)
     throw dist::DistError("the split needs RANK / WORLD_SIZE > 1 (dflash launch or torchrun)");

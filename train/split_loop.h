@@ -76,8 +76,6 @@ std::vector<StepLog> train_distributed(const Config& c, const TrainOptions& o, d
 void zero_grads(const DrafterWeights& w);
 void scale_grads(const DrafterWeights& w, double den);
 void write_params(const std::string& path, const DrafterWeights& w);
-// The rank's device (topology.device; "cuda" = cuda:LOCAL_RANK) made usable.
-void activate_split_device(const Config& c);
 
 // Checks the launcher's environment against the config, joins the ranks
 // (config hash compared) and trains.
