@@ -21,9 +21,11 @@ sudo=""
 
 install_debian_packages() {
   # clang and libclang-rt-14-dev: the libFuzzer build of ci/fuzz.sh (nightly).
+  # chromium-headless-shell: cli.report_in_browser renders report.html.
   local pkgs=(g++ cmake ninja-build ccache lld python3 python3-venv clang libclang-rt-14-dev
               librapidcheck-dev libgtest-dev libgmock-dev googletest libbenchmark-dev
-              libfmt-dev libgloo-dev libcli11-dev libtomlplusplus-dev nlohmann-json3-dev)
+              libfmt-dev libgloo-dev libcli11-dev libtomlplusplus-dev nlohmann-json3-dev
+              chromium-headless-shell)
   local missing=() p
   for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -102,14 +104,17 @@ if [ "${1:-}" = "--check" ]; then
 fi
 
 # Python packages beside torch in the same environment: `safetensors` (the
-# reference implementation) for the interop test cli.safetensors_interop.
-# (numpy is what the package converts through.)
+# reference implementation) for the interop test cli.safetensors_interop
+# (numpy is what the package converts through), and Hugging Face
+# `transformers` for cli.hf_qwen3_interop (its Qwen3ForCausalLM loads the
+# shipped real-text target unchanged).
 install_python_extras() {
-  "$torch_env/bin/python" -c "import safetensors, numpy, sys
-sys.exit(safetensors.__version__ != '0.8.0' or numpy.__version__ != '2.4.6')" 2>/dev/null && return 0
-  echo "bootstrap: installing safetensors==0.8.0 numpy==2.4.6 into $torch_env"
+  "$torch_env/bin/python" -c "import safetensors, numpy, transformers, sys
+sys.exit(safetensors.__version__ != '0.8.0' or numpy.__version__ != '2.4.6' or
+         transformers.__version__ != '5.25.0')" 2>/dev/null && return 0
+  echo "bootstrap: installing safetensors==0.8.0 numpy==2.4.6 transformers==5.25.0 into $torch_env"
   "$torch_env/bin/pip" install --disable-pip-version-check -q safetensors==0.8.0 numpy==2.4.6 \
-    > /tmp/dflash-pip.log 2>&1 || { tail -20 /tmp/dflash-pip.log; exit 1; }
+    transformers==5.25.0 > /tmp/dflash-pip.log 2>&1 || { tail -20 /tmp/dflash-pip.log; exit 1; }
 }
 
 install_debian_packages

@@ -264,6 +264,18 @@ case "$case_name" in
     grep -q "343.60 GB" "$tmp/out.txt"
     grep -q "plan: dense attention fallback -> OOM" "$tmp/out.txt"
     ;;
+  report_in_browser)
+    # The default run, shortened, then its report.html in headless Chromium:
+    # every chart draws a line, the draft samples and their accepted prefixes
+    # are in the DOM and on the screenshot (ci/report_browser_check.py).
+    sed -e 's/^num_samples = .*/num_samples = 48/' -e 's/^eval_samples = .*/eval_samples = 8/' \
+        -e 's/^steps = .*/steps = 30/' -e 's/^eval_every = .*/eval_every = 10/' \
+        -e 's/^eval_batches = .*/eval_batches = 1/' -e 's/^log_every = .*/log_every = 10/' \
+        fixtures/configs/tiny-train.toml > "$tmp/t.toml"
+    "$dflash" train --config "$tmp/t.toml" --skip-preflight --out-dir "$tmp/run" > "$tmp/train.txt" 2>&1 \
+      || { tail -20 "$tmp/train.txt"; exit 1; }
+    python3 ci/report_browser_check.py "$tmp/run/report.html" "$tmp/browser"
+    ;;
   *)
     echo "unknown case $case_name"; exit 2 ;;
 esac

@@ -12,7 +12,7 @@
 #               on the CUDA caching allocator, a one-rank NCCL group
 #   bench       dflash bench --device cuda (GPU sizes: loss Q=8192 H=4096
 #               V=128256 bf16, attention S=8192 with 256 blocks of 16)
-#   train       dflash train on fixtures/configs/tiny-train.toml with
+#   train       dflash train on fixtures/configs/tiny-train-random.toml with
 #               --device cuda (preflight gate included, 10 cases)
 # and writes OUTDIR/summary.json (each stage: rc, seconds) beside the logs,
 # bench.json and env.json. Exit status: 0 when every stage passed.
@@ -83,7 +83,7 @@ if [ "${rc[build]}" -eq 0 ]; then
   stage gpu_tests 120 ctest --test-dir "$build" -L gpu --output-on-failure
   stage bench 90 "$build/dflash" bench --device cuda --repeats 2 --json "$out/bench.json"
   rm -rf /tmp/dflash-gpu-run  # a warm machine keeps /tmp between runs
-  stage train 60 "$build/dflash" train --config fixtures/configs/tiny-train.toml --device cuda \
+  stage train 60 "$build/dflash" train --config fixtures/configs/tiny-train-random.toml --device cuda \
     --out-dir /tmp/dflash-gpu-run --preflight-cases 10
 fi
 

@@ -139,7 +139,7 @@ def check_mutant(m, src, build, args, log):
         rc, out = run([build / "harness_spec_oracle_test"], src, 900, log)
         if rc != 0:
             return "oracle", "harness.SpecOracle"
-    area = m["file"].split("/")[0]
+    area = m.get("area", m["file"].split("/")[0])  # area: another test prefix (e.g. cli)
     rc, out = run(ninja, src, 3600, log)
     if rc:
         return "", "test targets do not compile: " + compile_error(out)

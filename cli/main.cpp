@@ -18,6 +18,7 @@
 #include "harness/preflight.h"
 #include "train/data.h"
 #include "train/dist.h"
+#include "train/lm.h"
 #include "train/loop.h"
 #include "train/report.h"
 #include "train/split_loop.h"
@@ -228,6 +229,29 @@ void add_train_and_launch(CLI::App& app, Subcommands& subs, LaunchArgs& launch) 
                "Bug-zoo hook: normalise the loss per rank (SPEC.md's bug)");
   tr->add_option("--fault", o->fault, "Test hook: rank=R,step=T,mode=exit|hang");
   subs.add(tr, [o] { return train::run_training(*o); });
+
+  auto lm = std::make_shared<train::LmRecipe>();
+  auto* tt = app.add_subcommand(
+      "train-target",
+      "Train the real-text target (a tiny byte-level Qwen3 LM) and write it as a Hugging Face "
+      "directory; the defaults are the recipe of fixtures/targets/qwen3-bytes");
+  tt->add_option("--out", lm->out, "Output directory (Hugging Face layout)")->required();
+  tt->add_option("--corpus", lm->corpus,
+                 "Directory of UTF-8 text files (default: Debian's licenses)");
+  tt->add_option("--holdout", lm->holdout, "File of the corpus held out for evaluation");
+  tt->add_option("--steps", lm->steps, "Optimizer steps");
+  tt->add_option("--seq-len", lm->seq_len, "Bytes per training window");
+  tt->add_option("--batch-size", lm->batch_size, "Windows per step");
+  tt->add_option("--lr", lm->lr, "Peak learning rate");
+  tt->add_option("--hidden-size", lm->hidden_size, "Model width");
+  tt->add_option("--layers", lm->num_layers, "Decoder layers");
+  tt->add_option("--intermediate-size", lm->intermediate_size, "MLP width");
+  tt->add_option("--seed", lm->seed, "Seed (init and batches)");
+  tt->add_option("--threads", lm->threads, "Intra-op threads (0: every core)");
+  subs.add(tt, [lm] {
+    train::train_byte_lm(*lm);
+    return 0;
+  });
 
   auto fa = std::make_shared<std::pair<std::string, std::string>>();
   auto shard = std::make_shared<int64_t>(256);

@@ -64,7 +64,8 @@ add_test(NAME cli.dump_then_step_from_is_bitwise
 add_test(NAME cli.every_subcommand_has_help
   COMMAND bash ${PROJECT_SOURCE_DIR}/ci/cli_tests.sh help $<TARGET_FILE:dflash>
   WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
-foreach(case bad_config hostile_configs optimized_step bench_smoke parity parity_failures preflight plan env bootstrap_check)
+foreach(case bad_config hostile_configs optimized_step bench_smoke parity parity_failures preflight plan env bootstrap_check
+             report_in_browser)
   add_test(NAME cli.${case}
     COMMAND bash ${PROJECT_SOURCE_DIR}/ci/cli_tests.sh ${case} $<TARGET_FILE:dflash>
     WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
@@ -85,6 +86,13 @@ if(dflash_test_python)
             $<TARGET_FILE:dflash> ${CMAKE_BINARY_DIR}/safetensors-interop
     WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
   set_tests_properties(cli.safetensors_interop PROPERTIES LABELS quick)
+  # The shipped real-text target through Hugging Face transformers'
+  # Qwen3ForCausalLM, unchanged: its held-out bits per byte equal dflash's.
+  add_test(NAME cli.hf_qwen3_interop
+    COMMAND ${dflash_test_python} ${PROJECT_SOURCE_DIR}/ci/hf_qwen3_interop.py
+            ${PROJECT_SOURCE_DIR}/fixtures/targets/qwen3-bytes
+    WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+  set_tests_properties(cli.hf_qwen3_interop PROPERTIES LABELS quick)
 else()
   message(WARNING "cli.safetensors_interop needs DFLASH_TORCH_PYTHON (a python with torch and "
                   "safetensors); not registered")

@@ -33,9 +33,8 @@ TargetOutputs target_forward(const Config& c, const TargetWeights& w, const at::
                              });
 }
 
-TargetOutputs target_forward_with(const Config& c, const TargetWeights& w,
-                                  const at::Tensor& input_ids, const CausalAttentionFn& attend) {
-  at::NoGradGuard no_grad;
+at::Tensor decoder_forward(const Config& c, const TargetWeights& w, const at::Tensor& input_ids,
+                           const CausalAttentionFn& attend, const LayerHook& on_layer) {
   const LayerShape& s = c.target.shape;
   const int64_t B = input_ids.size(0), S = input_ids.size(1);
   at::Tensor x = w.embed_tokens.index_select(0, input_ids.reshape(-1)).view({B, S, -1});
@@ -43,13 +42,23 @@ TargetOutputs target_forward_with(const Config& c, const TargetWeights& w,
   auto [cos, sin] = rope_cos_sin(pos, s.head_dim, s.rope_theta, x.scalar_type());
   cos = cos.unsqueeze(1);  // (B, 1, S, hd)
   sin = sin.unsqueeze(1);
-  std::vector<at::Tensor> taps(c.drafter.target_layer_ids.size());
   for (int64_t i = 0; i < c.target.num_hidden_layers; ++i) {
     x = target_layer(x, w.layers[size_t(i)], s, cos, sin, attend);
-    for (size_t t = 0; t < taps.size(); ++t)
-      if (c.drafter.target_layer_ids[t] == i) taps[t] = x;
+    if (on_layer) on_layer(i, x);
   }
-  return {at::cat(taps, -1), rms_norm(x, w.norm, s.rms_norm_eps)};
+  return rms_norm(x, w.norm, s.rms_norm_eps);
+}
+
+TargetOutputs target_forward_with(const Config& c, const TargetWeights& w,
+                                  const at::Tensor& input_ids, const CausalAttentionFn& attend) {
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> taps(c.drafter.target_layer_ids.size());
+  at::Tensor final_hidden =
+      decoder_forward(c, w, input_ids, attend, [&](int64_t i, const at::Tensor& x) {
+        for (size_t t = 0; t < taps.size(); ++t)
+          if (c.drafter.target_layer_ids[t] == i) taps[t] = x;
+      });
+  return {at::cat(taps, -1), final_hidden};
 }
 
 at::Tensor target_logits(const TargetWeights& w, const at::Tensor& final_hidden) {

@@ -25,6 +25,14 @@ using CausalAttentionFn =
 TargetOutputs target_forward_with(const Config& c, const TargetWeights& w,
                                   const at::Tensor& input_ids, const CausalAttentionFn& attend);
 
+// The decoder itself, grad-neutral (autograd records it when the weights
+// require grad: the byte LM trainer, train/lm.cpp, trains a target with it):
+// the final RMSNorm output (B, S, H); `on_layer(i, x)` sees the residual
+// stream after layer i. target_forward_with is this under at::NoGradGuard.
+using LayerHook = std::function<void(int64_t layer, const at::Tensor& x)>;
+at::Tensor decoder_forward(const Config& c, const TargetWeights& w, const at::Tensor& input_ids,
+                           const CausalAttentionFn& attend, const LayerHook& on_layer);
+
 // Runs under at::NoGradGuard. "The output of layer i" is the residual stream
 // after layer i (Hugging Face hidden_states[i + 1]).
 TargetOutputs target_forward(const Config& c, const TargetWeights& w,

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "core/batch.h"
+#include "core/byte_tokenizer.h"
 #include "core/safetensors.h"
 #include "core/step.h"
 #include "fixtures/fixtures.h"
@@ -153,6 +154,28 @@ Dataset holdout_tail(Dataset& d, int64_t n) {
   return e;
 }
 
+// Text is byte-tokenized: a Hugging Face target must say it was trained on
+// that tokenizer (byte_tokenizer.json) and agree on the mask id.
+void check_byte_tokenizer(const Config& c) {
+  if (c.target.source != "hf") return;
+  bool has = false;
+  try {
+    has = has_byte_tokenizer(c.target.path);
+  } catch (const std::runtime_error& e) {
+    throw DataError(e.what());
+  }
+  if (!has)
+    throw DataError(fmt::format(
+        "{}: no {}: data.source \"{}\" tokenizes text into bytes, and this target was not "
+        "trained on that tokenizer (give pre-tokenized data: jsonl or shards)",
+        c.target.path, kByteTokenizerFile, c.data.source));
+  if (c.data.mask_token_id != ByteTokenizer::kMask)
+    throw DataError(fmt::format(
+        "{}: data.mask_token_id: expected {} (the mask id of {}/{}), "
+        "found {}",
+        c.path, ByteTokenizer::kMask, c.target.path, kByteTokenizerFile, c.data.mask_token_id));
+}
+
 Dataset read_source(const Config& c, const std::string& path) {
   if (c.data.source == "jsonl") return read_jsonl(c, path);
   return read_shards(c, path);
@@ -222,14 +245,22 @@ Dataset read_shards(const Config& c, const std::string& dir) {
 }
 
 Dataset self_distill(const Config& c, const TargetWeights& target, int64_t count,
-                     const std::string& stream) {
+                     const std::string& stream, const std::vector<TextDoc>* text) {
   const int64_t S = c.data.seq_len, P = c.data.prompt_len, V = c.target.vocab_size;
   Dataset d = make_packed("self_distill:" + stream, count, S);
-  for (int64_t r = 0; r < count; ++r) {
-    Rng rng(derive_seed(c.run.seed, stream, uint64_t(r)));
-    for (int64_t p = 0; p < P; ++p) {
-      int64_t tok = int64_t(rng.below(uint64_t(V - 1)));
-      d.input_ids[r][p] = tok >= c.data.mask_token_id ? tok + 1 : tok;  // never the mask token
+  if (text) {
+    int64_t skipped = 0;
+    d.input_ids.narrow(1, 0, P).copy_(text_prompts(c, *text, count, stream, &skipped));
+    d.label += fmt::format(
+        " (prompts from {} text documents{})", text->size(),
+        skipped ? fmt::format(", {} shorter than the prompt skipped", skipped) : std::string());
+  } else {
+    for (int64_t r = 0; r < count; ++r) {
+      Rng rng(derive_seed(c.run.seed, stream, uint64_t(r)));
+      for (int64_t p = 0; p < P; ++p) {
+        int64_t tok = int64_t(rng.below(uint64_t(V - 1)));
+        d.input_ids[r][p] = tok >= c.data.mask_token_id ? tok + 1 : tok;  // never the mask token
+      }
     }
   }
   d.loss_mask.narrow(1, P, S - P).fill_(true);
@@ -246,11 +277,26 @@ DataSplit load_data(const Config& c, const TargetWeights* target) {
   const DataConfig& dc = c.data;
   DataSplit s;
   if (dc.source == "fixture" || dc.source == "inline") return s;
+  if (dc.source == "text" || (dc.source == "self_distill" && !dc.path.empty()))
+    check_byte_tokenizer(c);
   if (dc.source == "self_distill") {
     TORCH_CHECK(target, "self_distill needs the target");
-    s.train = self_distill(c, *target, dc.num_samples, "self_distill");
+    std::vector<TextDoc> text, eval_text;
+    if (!dc.path.empty()) text = read_text_documents(dc.path, dc.eval_path);
+    if (!dc.eval_path.empty()) eval_text = read_text_documents(dc.eval_path);
+    const std::vector<TextDoc>* prompts = dc.path.empty() ? nullptr : &text;
+    s.train = self_distill(c, *target, dc.num_samples, "self_distill", prompts);
     if (dc.eval_samples > 0)
-      s.eval = self_distill(c, *target, dc.eval_samples, "self_distill_eval");
+      s.eval = self_distill(c, *target, dc.eval_samples, "self_distill_eval",
+                            dc.eval_path.empty() ? prompts : &eval_text);
+    return s;
+  }
+  if (dc.source == "text") {
+    s.train = pack_text(c, read_text_documents(dc.path, dc.eval_path), dc.path);
+    if (!dc.eval_path.empty())
+      s.eval = pack_text(c, read_text_documents(dc.eval_path), dc.eval_path);
+    else if (dc.eval_samples > 0)
+      s.eval = holdout_tail(s.train, dc.eval_samples);
     return s;
   }
   if (dc.source == "features") {

@@ -7,7 +7,9 @@
 // directory of safetensors files holding input_ids and loss_mask, (n, S')),
 // "features" (a directory written by `dflash features`: the samples plus the
 // target's tapped features and final hidden states, so no target is loaded),
-// "self_distill" (greedy continuations of seeded prompts by the target).
+// "self_distill" (greedy continuations by the target of seeded prompts, or of
+// prompts drawn from the text at data.path), "text" (UTF-8 text, byte
+// tokenized, see pack_text).
 //
 // Every sample is truncated or padded (token 0, loss_mask 0) to data.seq_len.
 // Micro-batch g takes samples g*B .. g*B+B-1 of a seeded permutation of the
@@ -19,6 +21,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "core/config.h"
 #include "core/weights.h"
@@ -55,10 +58,36 @@ Dataset read_shards(const Config& c, const std::string& dir);
 Dataset read_features(const Config& c, const std::string& dir, const std::string& split);
 // The frozen embedding / LM head stored beside the features.
 FrozenWeights read_features_frozen(const Config& c, const std::string& dir);
-// Greedy continuations by the target of `count` seeded prompts
-// (data.prompt_len tokens, loss_mask 0) up to data.seq_len (loss_mask 1).
+// Text (docs/TRAINING.md "Text data"), tokenized by the byte tokenizer
+// (core/byte_tokenizer.h): one document is a UTF-8 file, or one line
+// {"text": "..."} of a .jsonl file; a directory holds such files (regular
+// files in name order, symlinks skipped, the file `exclude` left out).
+// Invalid UTF-8, an empty file or an empty text is a DataError naming the
+// file (and line, and byte offset).
+struct TextDoc {
+  std::string name;          // the file, or file:line
+  std::vector<int64_t> ids;  // byte ids
+};
+std::vector<TextDoc> read_text_documents(const std::string& path, const std::string& exclude = "");
+
+// data.source = "text": document after document, each cut into rows of
+// data.seq_len bytes (loss_mask 1); a document's last row is padded (token 0,
+// loss_mask 0). Every byte of every document is in exactly one row.
+Dataset pack_text(const Config& c, const std::vector<TextDoc>& docs, const std::string& label);
+
+// `count` prompts of data.prompt_len bytes (N, prompt_len): prompt r starts at
+// a seeded byte offset over all documents (longer documents are drawn more
+// often), moved forward to the next word start when one fits. Documents
+// shorter than prompt_len cannot hold a prompt and are skipped (counted in
+// `skipped`); none long enough is a DataError.
+at::Tensor text_prompts(const Config& c, const std::vector<TextDoc>& docs, int64_t count,
+                        const std::string& stream, int64_t* skipped = nullptr);
+
+// Greedy continuations by the target of `count` prompts (data.prompt_len
+// tokens, loss_mask 0) up to data.seq_len (loss_mask 1). The prompts are
+// seeded random tokens, or drawn from `text` (text_prompts) when given.
 Dataset self_distill(const Config& c, const TargetWeights& target, int64_t count,
-                     const std::string& stream);
+                     const std::string& stream, const std::vector<TextDoc>* text = nullptr);
 
 // The training and held-out sets of a config. For "fixture" and "inline"
 // they are empty (batches come from fixtures::make_batch). Without

@@ -29,6 +29,7 @@
 #include "train/hf.h"
 #include "train/report.h"
 #include "train/run_state.h"
+#include "train/samples.h"
 #include "train/split_loop.h"
 
 namespace dflash::train {
@@ -273,6 +274,11 @@ std::pair<double, std::string> end_run(Run& r, const AdamW& opt, bool saved_now)
   const double tau = has_eval(r) ? evaluate(r).tau() : 0.0;
   if (!saved_now) fmt::print("checkpoint: {}\n", save_checkpoint(r.dir, r.c, r.w, opt, r.st));
   r.metrics.close();
+  if (r.data.eval.size() > 0) {
+    const SampleSource src{&r.c, r.fn, &r.w, &r.frozen, &r.target, r.device};
+    safetensors::write_file_atomic((fs::path(r.dir) / "samples.json").string(),
+                                   draft_samples(src, r.data.eval, 4, 6).dump() + "\n");
+  }
   return {tau, write_report(r.dir)};
 }
 

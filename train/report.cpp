@@ -13,6 +13,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "core/byte_tokenizer.h"
 #include "core/safetensors.h"
 #include "core/text.h"
 
@@ -128,6 +129,57 @@ std::string verdict_html(const fs::path& file) {
   return o.str();
 }
 
+// Token ids as display text: bytes decoded (byte-tokenized text data), else
+// the ids themselves.
+std::string tokens_html(const nlohmann::json& ids, bool bytes) {
+  std::vector<int64_t> v;
+  for (const auto& x : ids)
+    if (x.is_number_integer()) v.push_back(x.get<int64_t>());
+  if (bytes) return xml_escape(ByteTokenizer::decode(v));
+  std::string out;
+  for (int64_t id : v) out += fmt::format("{} ", id);
+  return out;
+}
+
+// The held-out rows the drafter was asked to continue (samples.json, written
+// by the run's end): the row's text, then per anchor the drafter's block with
+// the accepted prefix highlighted beside what the target wrote.
+std::string samples_html(const fs::path& file) {
+  const std::string text = read_text(file);
+  if (text.empty()) return "<p>no draft samples recorded (held-out data has none)</p>\n";
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.contains("samples") || !j["samples"].is_array())
+    return "<p>samples.json is not valid</p>\n";
+  const bool bytes = j.value("tokenizer", "") == "byte";
+  const nlohmann::json none = nlohmann::json::array();
+  std::ostringstream o;
+  o << "<p>Teacher-forced drafts at the end of the run: at each anchor the drafter proposes the "
+       "next tokens in one forward; the prefix that agrees with the target (accepted) is on "
+       "green, the rest struck through in red.</p>\n";
+  for (const auto& smp : j["samples"]) {
+    o << fmt::format("<div class=\"sample\"><h3>held-out row {}</h3>\n", smp.value("row", -1))
+      << "<p class=\"text\"><span class=\"prompt\">"
+      << tokens_html(smp.value("prompt", none), bytes) << "</span><span class=\"continuation\">"
+      << tokens_html(smp.value("continuation", none), bytes) << "</span></p>\n"
+      << "<table class=\"drafts\"><tr><th>anchor</th><th>drafter's block</th>"
+         "<th>target wrote</th><th>accepted</th></tr>\n";
+    for (const auto& b : smp.value("blocks", none)) {
+      const nlohmann::json prop = b.value("proposal", none);
+      const int64_t acc = b.value("accepted", int64_t(0));
+      nlohmann::json head = none, tail = none;
+      for (size_t k = 0; k < prop.size(); ++k) (int64_t(k) < acc ? head : tail).push_back(prop[k]);
+      o << fmt::format(
+          "<tr class=\"block\"><td>{}</td><td class=\"text\"><mark class=\"accepted\">{}</mark>"
+          "<span class=\"rejected\">{}</span></td><td class=\"text\">{}</td><td>{} / "
+          "{}</td></tr>\n",
+          b.value("anchor", int64_t(-1)), tokens_html(head, bytes), tokens_html(tail, bytes),
+          tokens_html(b.value("target", none), bytes), acc, prop.size());
+    }
+    o << "</table></div>\n";
+  }
+  return o.str();
+}
+
 }  // namespace
 
 std::string write_report(const std::string& run_dir) {
@@ -149,12 +201,25 @@ std::string write_report(const std::string& run_dir) {
       s.points.emplace_back(step, acc[k].is_number() ? acc[k].get<double>() : std::nan(""));
     }
   }
+  Series lr{"learning rate", kColors[2], {}}, grad{"gradient norm", kColors[3], {}};
+  Series tps{"tokens/s", kColors[4], {}};
+  for (const auto& j : rows)
+    if (j["kind"] == "train") {
+      const double step = j["step"].get<double>();
+      lr.points.emplace_back(step, num(j, "lr"));
+      grad.points.emplace_back(step, num(j, "grad_norm"));
+      tps.points.emplace_back(step, num(j, "tokens_per_s"));
+    }
   std::vector<Series> acc_series;
   for (auto& [k, s] : slots) acc_series.push_back(s);
   std::ostringstream o;
   o << "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>dflash run "
     << xml_escape(run_dir)
-    << "</title></head>\n<body style=\"font-family:sans-serif;max-width:900px\">\n"
+    << "</title>\n<style>.text{white-space:pre-wrap;font-family:monospace}"
+       ".prompt{color:#777}.continuation{color:#000}mark.accepted{background:#b6e3b6}"
+       ".rejected{color:#d62728;text-decoration:line-through}"
+       "table.drafts td{vertical-align:top;padding:2px 6px}</style></head>\n<body "
+       "style=\"font-family:sans-serif;max-width:900px\">\n"
     << "<h1>dflash training run</h1>\n<p>" << xml_escape(fs::absolute(dir).string()) << "</p>\n";
   if (!etau.points.empty())
     o << fmt::format("<p>held-out tau: {:.3f} at step {:g} &rarr; {:.3f} at step {:g}</p>\n",
@@ -163,7 +228,9 @@ std::string write_report(const std::string& run_dir) {
   o << "<h2>Preflight</h2>\n" << verdict_html(dir / "preflight.json");
   o << "<h2>Curves</h2>\n"
     << chart("loss", {loss, eloss}) << chart("tau (expected acceptance length)", {tau, etau})
-    << chart("held-out per-slot accuracy", acc_series);
+    << chart("held-out per-slot accuracy", acc_series) << chart("learning rate", {lr})
+    << chart("gradient norm (before clipping)", {grad}) << chart("throughput (tokens/s)", {tps});
+  o << "<h2>Drafts</h2>\n" << samples_html(dir / "samples.json");
   o << "<h2>Config</h2>\n<pre>" << xml_escape(read_text(dir / "config.toml"))
     << "</pre>\n</body></html>\n";
   const std::string out = (dir / "report.html").string();

@@ -1,0 +1,132 @@
+#!/usr/bin/env python3
+"""Renders a run's report.html in headless Chromium and checks what a person
+would see: the DOM has every chart with a drawn line and the draft samples
+with highlighted accepted prefixes, and the screenshot is not blank (chart
+colours and the highlight colour are on screen).
+
+usage: report_browser_check.py REPORT.html OUT_DIR
+Exit 0 when every check holds; otherwise each failed check is printed.
+Standard library only: the PNG is decoded here (zlib + the five filters).
+"""
+import os
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import zlib
+
+BROWSERS = ("chromium-headless-shell", "chromium", "chromium-browser")
+
+
+def browser():
+    for b in BROWSERS:
+        path = shutil.which(b)
+        if path:
+            return path
+    sys.exit("report_browser_check: no headless Chromium (%s); ci/bootstrap.sh installs "
+             "chromium-headless-shell" % ", ".join(BROWSERS))
+
+
+def run(args):
+    base = [browser(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+            "--window-size=1000,3000"]
+    return subprocess.run(base + args, capture_output=True, timeout=120)
+
+
+def decode_png(data):
+    """(width, height, channels, rows of bytes) of an 8-bit non-interlaced PNG."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    pos, idat, head = 8, b"", None
+    while pos < len(data):
+        n, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        body = data[pos + 8:pos + 8 + n]
+        if kind == b"IHDR":
+            head = struct.unpack(">IIBBBBB", body)
+        elif kind == b"IDAT":
+            idat += body
+        pos += 12 + n
+    w, h, depth, ctype, _, _, interlace = head
+    assert depth == 8 and interlace == 0 and ctype in (2, 6), "unsupported PNG %r" % (head,)
+    ch = 3 if ctype == 2 else 4
+    raw, stride, rows, prev = zlib.decompress(idat), w * ch, [], bytearray(w * ch)
+    for y in range(h):
+        f, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+        for i in range(stride):
+            a = line[i - ch] if i >= ch else 0
+            b, c = prev[i], prev[i - ch] if i >= ch else 0
+            if f == 1:
+                line[i] = (line[i] + a) & 255
+            elif f == 2:
+                line[i] = (line[i] + b) & 255
+            elif f == 3:
+                line[i] = (line[i] + (a + b) // 2) & 255
+            elif f == 4:
+                p = a + b - c
+                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                line[i] = (line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
+        rows.append(line)
+        prev = line
+    return w, h, ch, rows
+
+
+def near(px, rgb, tol=40):
+    return all(abs(px[i] - rgb[i]) <= tol for i in range(3))
+
+
+def main():
+    report, out = os.path.abspath(sys.argv[1]), sys.argv[2]
+    os.makedirs(out, exist_ok=True)
+    failures = []
+    dom = run(["--dump-dom", "file://" + report]).stdout.decode("utf-8", "replace")
+    with open(os.path.join(out, "dom.html"), "w") as f:
+        f.write(dom)
+    svgs = re.findall(r"<svg.*?</svg>", dom, re.S)
+    drawn = [s for s in svgs if re.search(r'<polyline[^>]*points="[0-9.]+,[0-9.]+ [0-9.]+,', s)]
+    titles = re.findall(r"<h3>([^<]*)</h3>\s*<svg", dom)
+    for want in ("loss", "tau", "learning rate", "gradient norm", "throughput"):
+        if not any(t.startswith(want) for t in titles):
+            failures.append("no chart titled %r in the DOM (charts: %s)" % (want, titles))
+    if len(drawn) < 6:
+        failures.append("%d of %d charts draw a line (want >= 6)" % (len(drawn), len(svgs)))
+    samples = dom.count('class="sample"')
+    blocks = dom.count('class="block"')
+    rows = re.findall(r'<tr class="block">.*?</tr>', dom, re.S)
+    accepted = sum(bool(re.search(r'<mark class="accepted">[^<]+</mark>', r)) for r in rows)
+    if samples < 1 or blocks < 2:
+        failures.append("draft samples missing: %d samples, %d blocks" % (samples, blocks))
+    if accepted < 1:
+        failures.append("no block with a non-empty accepted prefix highlighted "
+                        "(<mark class=\"accepted\"> in a block row)")
+    shot = os.path.join(out, "report.png")
+    r = run(["--screenshot=" + shot, "file://" + report])
+    if not os.path.exists(shot):
+        failures.append("no screenshot: %s" % r.stderr.decode()[-400:])
+    else:
+        w, h, ch, rows = decode_png(open(shot, "rb").read())
+        total = ink = blue = red = green = 0
+        for row in rows[::2]:
+            for x in range(0, w * ch, ch * 2):
+                px = row[x:x + 3]
+                total += 1
+                ink += min(px) < 200
+                blue += near(px, (0x1f, 0x77, 0xb4))
+                red += near(px, (0xd6, 0x27, 0x28))
+                green += near(px, (0xb6, 0xe3, 0xb6), 12)
+        print("screenshot %dx%d: %.1f%% ink, chart blue %d, red %d, highlight green %d px"
+              % (w, h, 100.0 * ink / total, blue, red, green))
+        if ink < 0.01 * total:
+            failures.append("the screenshot is blank (%.2f%% ink)" % (100.0 * ink / total))
+        if blue < 20 or red < 20:
+            failures.append("chart lines not on screen (blue %d, red %d px)" % (blue, red))
+        if green < 20:
+            failures.append("accepted-prefix highlight not on screen (%d px)" % green)
+    print("DOM: %d charts (%d drawn: %s), %d samples, %d blocks, %d accepted highlights"
+          % (len(svgs), len(drawn), ", ".join(titles), samples, blocks, accepted))
+    for f in failures:
+        print("FAIL:", f)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,299 @@
+// The byte-level LM trainer behind `dflash train-target` (train/lm.h).
+#include "train/lm.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/batch.h"
+#include "core/byte_tokenizer.h"
+#include "core/optim.h"
+#include "core/safetensors.h"
+#include "core/step.h"
+#include "fixtures/fixtures.h"
+#include "reference/layers.h"
+#include "reference/target.h"
+#include "train/generate.h"
+#include "train/hf.h"
+
+namespace dflash::train {
+namespace fs = std::filesystem;
+namespace {
+
+std::string read_utf8_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) throw std::runtime_error(fmt::format("{}: cannot open", p.string()));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string text = ss.str();
+  if (text.empty()) throw std::runtime_error(fmt::format("{}: empty file", p.string()));
+  if (const int64_t bad = first_invalid_utf8(text); bad >= 0)
+    throw std::runtime_error(fmt::format(
+        "{}: byte offset {}: not valid UTF-8 (text files must be UTF-8)", p.string(), bad));
+  return text;
+}
+
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char ch : s) h = (h ^ ch) * 1099511628211ull;
+  return h;
+}
+
+struct Corpus {
+  std::vector<int64_t> train, heldout;  // token streams, each document + end
+  std::string listing;                  // file, bytes, fnv1a64 per line (the log)
+};
+
+Corpus read_corpus(const LmRecipe& r) {
+  if (!fs::is_directory(r.corpus))
+    throw std::runtime_error(fmt::format("{}: --corpus: not a directory", r.corpus));
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(r.corpus))
+    if (e.is_regular_file() && !e.is_symlink()) files.push_back(e.path());
+  std::sort(files.begin(), files.end());
+  Corpus c;
+  bool found_holdout = false;
+  for (const fs::path& p : files) {
+    const std::string text = read_utf8_file(p);
+    const bool held = p.filename() == r.holdout;
+    found_holdout |= held;
+    std::vector<int64_t>& dst = held ? c.heldout : c.train;
+    const std::vector<int64_t> ids = ByteTokenizer::encode(text);
+    dst.insert(dst.end(), ids.begin(), ids.end());
+    dst.push_back(ByteTokenizer::kEnd);
+    c.listing += fmt::format("  {:<12} {:>7} bytes  fnv1a64 {:016x}{}\n", p.filename().string(),
+                             text.size(), fnv1a(text), held ? "  (held out)" : "");
+  }
+  if (!found_holdout)
+    throw std::runtime_error(fmt::format("{}: --holdout {}: no such file", r.corpus, r.holdout));
+  if (int64_t(c.train.size()) <= r.seq_len + 1)
+    throw std::runtime_error(
+        fmt::format("{}: {} training bytes, fewer than one window of --seq-len {}", r.corpus,
+                    c.train.size(), r.seq_len));
+  return c;
+}
+
+Config lm_config(const LmRecipe& r) {
+  Config c;
+  c.path = "dflash train-target";
+  c.target.source = "fixture";
+  c.target.vocab_size = ByteTokenizer::kVocab;
+  c.target.num_hidden_layers = r.num_layers;
+  c.target.shape = {r.hidden_size, r.num_heads, r.num_kv_heads, r.head_dim, r.intermediate_size,
+                    1e6,           1e-6};
+  c.target.tie_word_embeddings = true;
+  c.target.init_std = r.init_std;
+  c.run.seed = r.seed;
+  return c;
+}
+
+// Causal attention for training: GQA by repeating the key/value heads, then
+// ATen's fused attention (the trained model is evaluated by the reference).
+at::Tensor causal_attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  const int64_t rep = q.size(1) / k.size(1);
+  return at::scaled_dot_product_attention(q, k.repeat_interleave(rep, 1),
+                                          v.repeat_interleave(rep, 1), {}, 0.0, true);
+}
+
+// Mean cross-entropy (nats) of next-byte prediction over `stream`, in
+// non-overlapping windows of S (each window's first byte has no context).
+double stream_nats(const Config& c, const TargetWeights& w, const std::vector<int64_t>& stream,
+                   int64_t S, const reference::CausalAttentionFn& attend) {
+  at::NoGradGuard ng;
+  double total = 0;
+  int64_t count = 0;
+  for (size_t o = 0; o + 1 < stream.size(); o += size_t(S)) {
+    const int64_t n = std::min<int64_t>(S, int64_t(stream.size() - o) - 1);
+    const at::Tensor x =
+        at::tensor(std::vector<int64_t>(stream.begin() + o, stream.begin() + o + n),
+                   at::kLong)
+            .unsqueeze(0);  // (1, n)
+    const at::Tensor y = at::tensor(
+        std::vector<int64_t>(stream.begin() + o + 1, stream.begin() + o + 1 + n), at::kLong);
+    const at::Tensor h = reference::decoder_forward(c, w, x, attend, nullptr);  // (1, n, H)
+    const at::Tensor logits = reference::project(h, w.lm_head).squeeze(0).to(at::kDouble);
+    total += at::cross_entropy_loss(logits, y, {}, at::Reduction::Sum).item<double>();
+    count += n;
+  }
+  return total / double(std::max<int64_t>(count, 1));
+}
+
+double unigram_bits(const std::vector<int64_t>& train, const std::vector<int64_t>& heldout) {
+  std::vector<double> counts(size_t(ByteTokenizer::kVocab), 1.0);  // add-one
+  for (int64_t t : train) counts[size_t(t)] += 1;
+  double total = 0;
+  for (double x : counts) total += x;
+  double bits = 0;
+  for (size_t i = 1; i < heldout.size(); ++i) bits -= std::log2(counts[size_t(heldout[i])] / total);
+  return bits / double(heldout.size() - 1);
+}
+
+// A greedy continuation of the held-out document's opening, for the log.
+std::string sample_text(const Config& c, const TargetWeights& w, const std::vector<int64_t>& held) {
+  const int64_t P = std::min<int64_t>(48, int64_t(held.size())), S = P + 160;
+  at::Tensor ids = at::zeros({1, S}, at::kLong);
+  for (int64_t i = 0; i < P; ++i) ids[0][i] = held[size_t(i)];
+  greedy_continue(c, w, ids, P, ByteTokenizer::kMask);
+  std::vector<int64_t> v(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + S);
+  return fmt::format("[prompt] {}\n[greedy] {}", ByteTokenizer::decode({v.begin(), v.begin() + P}),
+                     ByteTokenizer::decode({v.begin() + P, v.end()}));
+}
+
+nlohmann::json recipe_json(const LmRecipe& r) {
+  return {{"corpus", r.corpus},
+          {"holdout", r.holdout},
+          {"hidden_size", r.hidden_size},
+          {"num_layers", r.num_layers},
+          {"num_heads", r.num_heads},
+          {"num_kv_heads", r.num_kv_heads},
+          {"head_dim", r.head_dim},
+          {"intermediate_size", r.intermediate_size},
+          {"seq_len", r.seq_len},
+          {"batch_size", r.batch_size},
+          {"steps", r.steps},
+          {"warmup_steps", r.warmup_steps},
+          {"lr", r.lr},
+          {"min_lr_ratio", r.min_lr_ratio},
+          {"weight_decay", r.weight_decay},
+          {"clip_norm", r.clip_norm},
+          {"init_std", r.init_std},
+          {"seed", r.seed}};
+}
+
+// The written directory's extra files and the config.json fields a Hugging
+// Face loader uses for generation (eos/pad ids).
+void finish_directory(const LmRecipe& r, const LmResult& res, const std::string& log) {
+  const fs::path dir(r.out);
+  nlohmann::json cfg =
+      nlohmann::json::parse(safetensors::read_file((dir / "config.json").string(), "config.json"));
+  cfg["bos_token_id"] = nullptr;
+  cfg["eos_token_id"] = ByteTokenizer::kEnd;
+  cfg["pad_token_id"] = ByteTokenizer::kPad;
+  safetensors::write_file_atomic((dir / "config.json").string(), cfg.dump(2) + "\n");
+  const nlohmann::json gen = {{"eos_token_id", ByteTokenizer::kEnd},
+                              {"pad_token_id", ByteTokenizer::kPad},
+                              {"do_sample", false}};
+  safetensors::write_file_atomic((dir / "generation_config.json").string(), gen.dump(2) + "\n");
+  safetensors::write_file_atomic((dir / kByteTokenizerFile).string(), byte_tokenizer_json());
+  const nlohmann::json result = {{"recipe", recipe_json(r)},
+                                 {"heldout_bits_per_byte", res.heldout_bpb},
+                                 {"train_bits_per_byte", res.train_bpb},
+                                 {"unigram_bits_per_byte", res.unigram_bpb},
+                                 {"train_bytes", res.train_bytes},
+                                 {"heldout_bytes", res.heldout_bytes},
+                                 {"seconds", res.seconds}};
+  safetensors::write_file_atomic((dir / "result.json").string(), result.dump(2) + "\n");
+  safetensors::write_file_atomic((dir / "training_log.txt").string(), log);
+}
+
+}  // namespace
+
+double byte_lm_bits_per_byte(const std::string& model_dir, const std::string& text_file,
+                             int64_t seq_len) {
+  Config c;
+  c.target = read_hf_config(model_dir);
+  c.target.source = "hf", c.target.path = model_dir;
+  const TargetWeights w = load_hf_target(c);
+  std::vector<int64_t> ids = ByteTokenizer::encode(read_utf8_file(text_file));
+  ids.push_back(ByteTokenizer::kEnd);
+  return stream_nats(
+             c, w, ids, seq_len,
+             [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+               const int64_t S = q.size(2);
+               const at::Tensor causal =
+                   at::ones({S, S}, q.options().dtype(at::kBool)).tril().expand({q.size(0), S, S});
+               return reference::masked_attention(q, k, v, causal);
+             }) /
+         std::log(2.0);
+}
+
+LmResult train_byte_lm(const LmRecipe& r) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (r.out.empty()) throw std::runtime_error("dflash train-target: --out is required");
+  configure_threads(r.threads);
+  const Corpus corpus = read_corpus(r);
+  const Config c = lm_config(r);
+  TargetWeights w = fixtures::make_target(c);  // N(0, init_std) matrices, unit norms, tied
+  NamedTensors params;
+  visit(w, [&](const std::string& n, at::Tensor& t) {
+    if (n == "lm_head.weight") return;  // tied: the embedding's tensor
+    t.set_requires_grad(true);
+    params.emplace_back(n, t);
+  });
+  OptimConfig oc;
+  oc.lr = r.lr, oc.beta1 = 0.9, oc.beta2 = 0.95, oc.weight_decay = r.weight_decay;
+  oc.clip_norm = r.clip_norm, oc.warmup_steps = r.warmup_steps, oc.total_steps = r.steps;
+  oc.min_lr_ratio = r.min_lr_ratio;
+  AdamW opt(params, oc);
+  std::string log = fmt::format("dflash train-target: {}\ncorpus {} (held out: {}):\n{}",
+                                recipe_json(r).dump(), r.corpus, r.holdout, corpus.listing);
+  auto say = [&](const std::string& line) {
+    fmt::print("{}\n", line);
+    std::fflush(stdout);
+    log += line + "\n";
+  };
+  const int64_t S = r.seq_len, B = r.batch_size;
+  const int64_t span = int64_t(corpus.train.size()) - S - 1;
+  double ema = 0;
+  for (int64_t step = 0; step < r.steps; ++step) {
+    Rng rng(derive_seed(r.seed, "lm_batch", uint64_t(step)));
+    at::Tensor win = at::empty({B, S + 1}, at::kLong);  // (B, S + 1)
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t o = int64_t(rng.below(uint64_t(span + 1)));
+      std::copy(corpus.train.begin() + o, corpus.train.begin() + o + S + 1,
+                win.data_ptr<int64_t>() + b * (S + 1));
+    }
+    const at::Tensor x = win.narrow(1, 0, S), y = win.narrow(1, 1, S).reshape(-1);
+    const at::Tensor h = reference::decoder_forward(c, w, x, causal_attend, nullptr);  // (B, S, H)
+    const at::Tensor logits = reference::project(h, w.embed_tokens).reshape({B * S, -1});
+    const at::Tensor loss = at::cross_entropy_loss(logits, y);
+    for (auto& [n, p] : params) p.mutable_grad() = at::Tensor();
+    loss.backward();
+    const AdamW::Stats st = opt.step();
+    const double l = loss.item<double>();
+    ema = step == 0 ? l : 0.95 * ema + 0.05 * l;
+    if ((step + 1) % r.log_every == 0 || step == 0 || step + 1 == r.steps) {
+      const double secs =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      say(
+          fmt::format("step {:>5}  train {:.3f} bits/byte (ema)  lr {:.2e}  grad_norm {:.3f}  "
+                      "{:.0f} s",
+                      step + 1, ema / std::log(2.0), st.lr, st.grad_norm, secs));
+    }
+  }
+  for (auto& [n, p] : params) p.set_requires_grad(false), p.mutable_grad() = at::Tensor();
+  w.lm_head = w.embed_tokens;
+  write_hf_model(r.out, c, w, 1);
+  LmResult res;
+  res.train_bytes = int64_t(corpus.train.size()),
+  res.heldout_bytes = int64_t(corpus.heldout.size());
+  // Evaluated as dflash will use it: read back, reference forward.
+  const fs::path held_file = fs::path(r.corpus) / r.holdout;
+  res.heldout_bpb = byte_lm_bits_per_byte(r.out, held_file.string(), S);
+  {
+    Config rc = c;
+    rc.target.source = "hf", rc.target.path = r.out;
+    const TargetWeights back = load_hf_target(rc);
+    const std::vector<int64_t> head(
+        corpus.train.begin(),
+        corpus.train.begin() + std::min<size_t>(corpus.train.size(), size_t(32 * S)));
+    res.train_bpb = stream_nats(rc, back, head, S, causal_attend) / std::log(2.0);
+    say(sample_text(rc, back, corpus.heldout));
+  }
+  res.unigram_bpb = unigram_bits(corpus.train, corpus.heldout);
+  res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  say(
+      fmt::format("held-out {}: {:.3f} bits/byte (unigram baseline {:.3f}); training head "
+                  "{:.3f} bits/byte; {:.0f} s",
+                  r.holdout, res.heldout_bpb, res.unigram_bpb, res.train_bpb, res.seconds));
+  finish_directory(r, res, log);
+  return res;
+}
+
+}  // namespace dflash::train
