@@ -292,9 +292,13 @@ DataSplit load_data(const Config& c, const TargetWeights* target) {
     return s;
   }
   if (dc.source == "text") {
-    s.train = pack_text(c, read_text_documents(dc.path, dc.eval_path), dc.path);
+    const auto text = [&](const std::string& path, const std::string& exclude) {
+      const std::vector<TextDoc> docs = read_text_documents(path, exclude);
+      return pack_text(c, docs, fmt::format("text {} ({} documents)", path, docs.size()));
+    };
+    s.train = text(dc.path, dc.eval_path);
     if (!dc.eval_path.empty())
-      s.eval = pack_text(c, read_text_documents(dc.eval_path), dc.eval_path);
+      s.eval = text(dc.eval_path, "");
     else if (dc.eval_samples > 0)
       s.eval = holdout_tail(s.train, dc.eval_samples);
     return s;

@@ -206,7 +206,13 @@ std::unique_ptr<Run> prepare(const Config& c, const RunOptions& o, bool with_dat
     r->frozen = load_frozen(c);
   }
   to_device(r->frozen, r->device);
-  if (with_data) r->data = load_data(c, c.data.source == "features" ? nullptr : &r->target);
+  if (with_data) {
+    r->data = load_data(c, c.data.source == "features" ? nullptr : &r->target);
+    if (r->data.train.size() > 0)
+      fmt::print("data: {} training samples from {}; {} held out from {}\n", r->data.train.size(),
+                 r->data.train.label, r->data.eval.size(),
+                 r->data.eval.size() > 0 ? r->data.eval.label : std::string("nothing"));
+  }
   r->w = fixtures::make_drafter(c);
   to_device(r->w, r->device);  // before AdamW: its moments are made beside the parameters
   r->opt = std::make_unique<AdamW>(named(r->w), optim_config(c.train));

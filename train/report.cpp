@@ -131,10 +131,20 @@ std::string verdict_html(const fs::path& file) {
 
 // Token ids as display text: bytes decoded (byte-tokenized text data), else
 // the ids themselves.
-std::string tokens_html(const nlohmann::json& ids, bool bytes) {
+// With `visible_space`, blanks and newlines are drawn (a block of spaces is
+// otherwise an empty cell).
+std::string tokens_html(const nlohmann::json& ids, bool bytes, bool visible_space = false) {
   std::vector<int64_t> v;
   for (const auto& x : ids)
     if (x.is_number_integer()) v.push_back(x.get<int64_t>());
+  if (bytes && visible_space) {
+    std::string out;
+    for (int64_t id : v)
+      out += id == ' '    ? "\u2423"  // open box
+             : id == '\n' ? "\u21b5"  // return arrow
+                          : xml_escape(ByteTokenizer::decode({id}));
+    return out;
+  }
   if (bytes) return xml_escape(ByteTokenizer::decode(v));
   std::string out;
   for (int64_t id : v) out += fmt::format("{} ", id);
@@ -155,7 +165,7 @@ std::string samples_html(const fs::path& file) {
   std::ostringstream o;
   o << "<p>Teacher-forced drafts at the end of the run: at each anchor the drafter proposes the "
        "next tokens in one forward; the prefix that agrees with the target (accepted) is on "
-       "green, the rest struck through in red.</p>\n";
+       "green, the rest struck through in red (\u2423 a space, \u21b5 a newline).</p>\n";
   for (const auto& smp : j["samples"]) {
     o << fmt::format("<div class=\"sample\"><h3>held-out row {}</h3>\n", smp.value("row", -1))
       << "<p class=\"text\"><span class=\"prompt\">"
@@ -172,8 +182,9 @@ std::string samples_html(const fs::path& file) {
           "<tr class=\"block\"><td>{}</td><td class=\"text\"><mark class=\"accepted\">{}</mark>"
           "<span class=\"rejected\">{}</span></td><td class=\"text\">{}</td><td>{} / "
           "{}</td></tr>\n",
-          b.value("anchor", int64_t(-1)), tokens_html(head, bytes), tokens_html(tail, bytes),
-          tokens_html(b.value("target", none), bytes), acc, prop.size());
+          b.value("anchor", int64_t(-1)), tokens_html(head, bytes, true),
+          tokens_html(tail, bytes, true), tokens_html(b.value("target", none), bytes, true), acc,
+          prop.size());
     }
     o << "</table></div>\n";
   }
