@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -213,19 +214,68 @@ double byte_lm_bits_per_byte(const std::string& model_dir, const std::string& te
          std::log(2.0);
 }
 
+namespace {
+
+// Training step `step`'s batch: B seeded windows of S + 1 bytes of the
+// training stream, as inputs x (B, S) and next-byte labels y (B*S).
+std::pair<at::Tensor, at::Tensor> lm_batch(const LmRecipe& r, const std::vector<int64_t>& stream,
+                                           int64_t step) {
+  const int64_t S = r.seq_len, B = r.batch_size, span = int64_t(stream.size()) - S - 1;
+  Rng rng(derive_seed(r.seed, "lm_batch", uint64_t(step)));
+  at::Tensor win = at::empty({B, S + 1}, at::kLong);  // (B, S + 1)
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t o = int64_t(rng.below(uint64_t(span + 1)));
+    std::copy(stream.begin() + o, stream.begin() + o + S + 1,
+              win.data_ptr<int64_t>() + b * (S + 1));
+  }
+  return {win.narrow(1, 0, S), win.narrow(1, 1, S).reshape(-1)};
+}
+
+// The trainable leaves of a tied model (the head is the embedding's tensor).
+NamedTensors lm_params(TargetWeights& w) {
+  NamedTensors params;
+  visit(w, [&](const std::string& n, at::Tensor& t) {
+    if (n == "lm_head.weight") return;
+    t.set_requires_grad(true);
+    params.emplace_back(n, t);
+  });
+  return params;
+}
+
+// The figures of the written directory, evaluated as dflash will use it:
+// read back through the Hugging Face loader, reference forward.
+LmResult evaluate_written(const LmRecipe& r, const Config& c, const Corpus& corpus,
+                          const std::function<void(const std::string&)>& say) {
+  LmResult res;
+  res.train_bytes = int64_t(corpus.train.size());
+  res.heldout_bytes = int64_t(corpus.heldout.size());
+  res.heldout_bpb =
+      byte_lm_bits_per_byte(r.out, (fs::path(r.corpus) / r.holdout).string(), r.seq_len);
+  Config rc = c;
+  rc.target.source = "hf", rc.target.path = r.out;
+  const TargetWeights back = load_hf_target(rc);
+  const size_t head = std::min<size_t>(corpus.train.size(), size_t(32 * r.seq_len));
+  res.train_bpb = stream_nats(rc, back, {corpus.train.begin(), corpus.train.begin() + head},
+                              r.seq_len, causal_attend) /
+                  std::log(2.0);
+  say(sample_text(rc, back, corpus.heldout));
+  res.unigram_bpb = unigram_bits(corpus.train, corpus.heldout);
+  return res;
+}
+
+}  // namespace
+
 LmResult train_byte_lm(const LmRecipe& r) {
   const auto t0 = std::chrono::steady_clock::now();
+  const auto seconds = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
   if (r.out.empty()) throw std::runtime_error("dflash train-target: --out is required");
   configure_threads(r.threads);
   const Corpus corpus = read_corpus(r);
   const Config c = lm_config(r);
   TargetWeights w = fixtures::make_target(c);  // N(0, init_std) matrices, unit norms, tied
-  NamedTensors params;
-  visit(w, [&](const std::string& n, at::Tensor& t) {
-    if (n == "lm_head.weight") return;  // tied: the embedding's tensor
-    t.set_requires_grad(true);
-    params.emplace_back(n, t);
-  });
+  const NamedTensors params = lm_params(w);
   OptimConfig oc;
   oc.lr = r.lr, oc.beta1 = 0.9, oc.beta2 = 0.95, oc.weight_decay = r.weight_decay;
   oc.clip_norm = r.clip_norm, oc.warmup_steps = r.warmup_steps, oc.total_steps = r.steps;
@@ -233,61 +283,32 @@ LmResult train_byte_lm(const LmRecipe& r) {
   AdamW opt(params, oc);
   std::string log = fmt::format("dflash train-target: {}\ncorpus {} (held out: {}):\n{}",
                                 recipe_json(r).dump(), r.corpus, r.holdout, corpus.listing);
-  auto say = [&](const std::string& line) {
+  const auto say = [&](const std::string& line) {
     fmt::print("{}\n", line);
     std::fflush(stdout);
     log += line + "\n";
   };
-  const int64_t S = r.seq_len, B = r.batch_size;
-  const int64_t span = int64_t(corpus.train.size()) - S - 1;
   double ema = 0;
   for (int64_t step = 0; step < r.steps; ++step) {
-    Rng rng(derive_seed(r.seed, "lm_batch", uint64_t(step)));
-    at::Tensor win = at::empty({B, S + 1}, at::kLong);  // (B, S + 1)
-    for (int64_t b = 0; b < B; ++b) {
-      const int64_t o = int64_t(rng.below(uint64_t(span + 1)));
-      std::copy(corpus.train.begin() + o, corpus.train.begin() + o + S + 1,
-                win.data_ptr<int64_t>() + b * (S + 1));
-    }
-    const at::Tensor x = win.narrow(1, 0, S), y = win.narrow(1, 1, S).reshape(-1);
+    const auto [x, y] = lm_batch(r, corpus.train, step);
     const at::Tensor h = reference::decoder_forward(c, w, x, causal_attend, nullptr);  // (B, S, H)
-    const at::Tensor logits = reference::project(h, w.embed_tokens).reshape({B * S, -1});
+    const at::Tensor logits = reference::project(h, w.embed_tokens).flatten(0, 1);     // (B*S, V)
     const at::Tensor loss = at::cross_entropy_loss(logits, y);
-    for (auto& [n, p] : params) p.mutable_grad() = at::Tensor();
+    for (const auto& [n, p] : params) p.mutable_grad() = at::Tensor();
     loss.backward();
     const AdamW::Stats st = opt.step();
-    const double l = loss.item<double>();
-    ema = step == 0 ? l : 0.95 * ema + 0.05 * l;
-    if ((step + 1) % r.log_every == 0 || step == 0 || step + 1 == r.steps) {
-      const double secs =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ema = step == 0 ? loss.item<double>() : 0.95 * ema + 0.05 * loss.item<double>();
+    if ((step + 1) % r.log_every == 0 || step == 0 || step + 1 == r.steps)
       say(
           fmt::format("step {:>5}  train {:.3f} bits/byte (ema)  lr {:.2e}  grad_norm {:.3f}  "
                       "{:.0f} s",
-                      step + 1, ema / std::log(2.0), st.lr, st.grad_norm, secs));
-    }
+                      step + 1, ema / std::log(2.0), st.lr, st.grad_norm, seconds()));
   }
-  for (auto& [n, p] : params) p.set_requires_grad(false), p.mutable_grad() = at::Tensor();
+  for (const auto& [n, p] : params) p.set_requires_grad(false), p.mutable_grad() = at::Tensor();
   w.lm_head = w.embed_tokens;
   write_hf_model(r.out, c, w, 1);
-  LmResult res;
-  res.train_bytes = int64_t(corpus.train.size()),
-  res.heldout_bytes = int64_t(corpus.heldout.size());
-  // Evaluated as dflash will use it: read back, reference forward.
-  const fs::path held_file = fs::path(r.corpus) / r.holdout;
-  res.heldout_bpb = byte_lm_bits_per_byte(r.out, held_file.string(), S);
-  {
-    Config rc = c;
-    rc.target.source = "hf", rc.target.path = r.out;
-    const TargetWeights back = load_hf_target(rc);
-    const std::vector<int64_t> head(
-        corpus.train.begin(),
-        corpus.train.begin() + std::min<size_t>(corpus.train.size(), size_t(32 * S)));
-    res.train_bpb = stream_nats(rc, back, head, S, causal_attend) / std::log(2.0);
-    say(sample_text(rc, back, corpus.heldout));
-  }
-  res.unigram_bpb = unigram_bits(corpus.train, corpus.heldout);
-  res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  LmResult res = evaluate_written(r, c, corpus, say);
+  res.seconds = seconds();
   say(
       fmt::format("held-out {}: {:.3f} bits/byte (unigram baseline {:.3f}); training head "
                   "{:.3f} bits/byte; {:.0f} s",
