@@ -156,6 +156,11 @@ TEST(TextDataBadInput, ConfigRefusesAMaskTokenThatIsAByte) {
   c = byte_config(12, 5);
   c.target.vocab_size = 200, c.data.mask_token_id = 199;
   EXPECT_NE(error_of([&] { validate_config(c); }).find("target.vocab_size"), std::string::npos);
+  c = byte_config(12, 5);  // held-out prompt text without training text: seeded prompts
+  c.data.source = "self_distill", c.data.path = "", c.data.eval_path = "held.txt";
+  EXPECT_NE(error_of([&] { validate_config(c); }).find("data.eval_path"), std::string::npos);
+  c.data.eval_path = "", c.data.mask_token_id = 7;  // seeded prompts: any mask id
+  EXPECT_EQ(error_of([&] { validate_config(c); }), "(no error)");
 }
 
 TEST(TextDataBadInput, AnHfTargetWithoutTheByteTokenizerIsRefused) {
