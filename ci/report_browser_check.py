@@ -104,21 +104,25 @@ def main():
         failures.append("no screenshot: %s" % r.stderr.decode()[-400:])
     else:
         w, h, ch, rows = decode_png(open(shot, "rb").read())
-        total = ink = blue = red = green = 0
+        # Chart-only colours (no text uses them): the loss/tau blue, the
+        # gradient-norm orange, the tokens/s purple; then the highlight green.
+        total = ink = blue = orange = purple = green = 0
         for row in rows[::2]:
             for x in range(0, w * ch, ch * 2):
                 px = row[x:x + 3]
                 total += 1
                 ink += min(px) < 200
                 blue += near(px, (0x1f, 0x77, 0xb4))
-                red += near(px, (0xd6, 0x27, 0x28))
+                orange += near(px, (0xff, 0x7f, 0x0e))
+                purple += near(px, (0x94, 0x67, 0xbd))
                 green += near(px, (0xb6, 0xe3, 0xb6), 12)
-        print("screenshot %dx%d: %.1f%% ink, chart blue %d, red %d, highlight green %d px"
-              % (w, h, 100.0 * ink / total, blue, red, green))
+        print("screenshot %dx%d: %.1f%% ink, chart blue %d, orange %d, purple %d, highlight "
+              "green %d px" % (w, h, 100.0 * ink / total, blue, orange, purple, green))
         if ink < 0.01 * total:
             failures.append("the screenshot is blank (%.2f%% ink)" % (100.0 * ink / total))
-        if blue < 20 or red < 20:
-            failures.append("chart lines not on screen (blue %d, red %d px)" % (blue, red))
+        if min(blue, orange, purple) < 20:
+            failures.append("chart lines not on screen (blue %d, orange %d, purple %d px)"
+                            % (blue, orange, purple))
         if green < 20:
             failures.append("accepted-prefix highlight not on screen (%d px)" % green)
     print("DOM: %d charts (%d drawn: %s), %d samples, %d blocks, %d accepted highlights"

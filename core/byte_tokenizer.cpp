@@ -80,8 +80,10 @@ bool has_byte_tokenizer(const std::string& model_dir) {
   const nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, false);
   if (j.is_discarded() || !j.is_object())
     throw std::runtime_error(fmt::format("{}: not a valid JSON object", file));
-  if (j.value("type", "") != "byte")
-    throw std::runtime_error(fmt::format("{}: type: expected \"byte\"", file));
+  const auto type = j.find("type");
+  if (type == j.end() || !type->is_string() || type->get<std::string>() != "byte")
+    throw std::runtime_error(fmt::format("{}: type: expected \"byte\", found {}", file,
+                                         type == j.end() ? "nothing" : type->dump()));
   const std::pair<const char*, int64_t> want[] = {{"vocab_size", ByteTokenizer::kVocab},
                                                   {"end_token_id", ByteTokenizer::kEnd},
                                                   {"pad_token_id", ByteTokenizer::kPad},

@@ -70,6 +70,13 @@ TEST(ByteTokenizer, DescriptionFileIsReadAndCheckedByField) {
   }
   write("{\"type\": \"bpe\"}");
   EXPECT_THROW(has_byte_tokenizer(dir.p.string()), std::runtime_error);
+  write("{\"type\": 5}");  // not a string: still an error naming the file
+  try {
+    has_byte_tokenizer(dir.p.string());
+    ADD_FAILURE() << "a numeric type was accepted";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("byte_tokenizer.json: type:"), std::string::npos);
+  }
   write("not json");
   EXPECT_THROW(has_byte_tokenizer(dir.p.string()), std::runtime_error);
 }

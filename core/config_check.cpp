@@ -247,6 +247,18 @@ void check_inline_rows(const Checker& ck, const Config& c) {
   }
 }
 
+// Text is byte-tokenized (core/byte_tokenizer.h): ids 0..255 are bytes.
+void check_text_data(const Checker& ck, const Config& c) {
+  const auto& d = c.data;
+  if (d.source != "text" && !(d.source == "self_distill" && !d.path.empty())) return;
+  if (c.target.vocab_size < 257)
+    ck.fail("target.vocab_size", "at least 257 for byte-tokenized text (256 bytes + mask)",
+            std::to_string(c.target.vocab_size));
+  if (d.mask_token_id < 256)
+    ck.fail("data.mask_token_id", "an id >= 256 for byte-tokenized text (0..255 are bytes)",
+            std::to_string(d.mask_token_id));
+}
+
 void check_data_loss_run(const Checker& ck, const Config& c) {
   const auto& d = c.data;
   ck.one_of("data.source", d.source,
@@ -263,15 +275,7 @@ void check_data_loss_run(const Checker& ck, const Config& c) {
     ck.fail("data.eval_path",
             "no eval_path for self_distill without data.path (seeded prompts have no file)",
             "\"" + d.eval_path + "\"");
-  // Text is byte-tokenized (core/byte_tokenizer.h): ids 0..255 are bytes.
-  if (d.source == "text" || (d.source == "self_distill" && !d.path.empty())) {
-    if (c.target.vocab_size < 257)
-      ck.fail("target.vocab_size", "at least 257 for byte-tokenized text (256 bytes + mask)",
-              std::to_string(c.target.vocab_size));
-    if (d.mask_token_id < 256)
-      ck.fail("data.mask_token_id", "an id >= 256 for byte-tokenized text (0..255 are bytes)",
-              std::to_string(d.mask_token_id));
-  }
+  check_text_data(ck, c);
   ck.in_range("data.eval_samples", d.eval_samples);
   ck.in_range("data.num_samples", d.num_samples);
   ck.in_range("data.prompt_len", d.prompt_len);

@@ -254,6 +254,7 @@ LmResult evaluate_written(const LmRecipe& r, const Config& c, const Corpus& corp
   Config rc = c;
   rc.target.source = "hf", rc.target.path = r.out;
   const TargetWeights back = load_hf_target(rc);
+  // Training-text figure: the stream's first 32 windows (ATen's attention).
   const size_t head = std::min<size_t>(corpus.train.size(), size_t(32 * r.seq_len));
   res.train_bpb = stream_nats(rc, back, {corpus.train.begin(), corpus.train.begin() + head},
                               r.seq_len, causal_attend) /
@@ -263,6 +264,24 @@ LmResult evaluate_written(const LmRecipe& r, const Config& c, const Corpus& corp
   return res;
 }
 
+// Every option a usable value, before anything is read or written.
+void check_recipe(const LmRecipe& r) {
+  const auto fail = [](const std::string& flag, const std::string& want, const std::string& got) {
+    throw std::runtime_error(
+        fmt::format("dflash train-target: {}: expected {}, found {}", flag, want, got));
+  };
+  if (r.out.empty()) fail("--out", "a directory", "nothing");
+  if (r.holdout.empty() || r.holdout.find('/') != std::string::npos)
+    fail("--holdout", "a file name inside --corpus", "\"" + r.holdout + "\"");
+  const std::pair<const char*, int64_t> positive[] = {
+      {"--steps", r.steps},           {"--seq-len", r.seq_len},
+      {"--batch-size", r.batch_size}, {"--hidden-size", r.hidden_size},
+      {"--layers", r.num_layers},     {"--intermediate-size", r.intermediate_size}};
+  for (const auto& [flag, v] : positive)
+    if (v < 1) fail(flag, "a positive integer", std::to_string(v));
+  if (!(r.lr > 0 && r.lr < 1)) fail("--lr", "in (0, 1)", fmt::format("{}", r.lr));
+}
+
 }  // namespace
 
 LmResult train_byte_lm(const LmRecipe& r) {
@@ -270,7 +289,7 @@ LmResult train_byte_lm(const LmRecipe& r) {
   const auto seconds = [&] {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   };
-  if (r.out.empty()) throw std::runtime_error("dflash train-target: --out is required");
+  check_recipe(r);
   configure_threads(r.threads);
   const Corpus corpus = read_corpus(r);
   const Config c = lm_config(r);

@@ -33,7 +33,9 @@ struct LmRecipe {
 };
 
 struct LmResult {
-  double heldout_bpb = 0, train_bpb = 0, unigram_bpb = 0;
+  double heldout_bpb = 0;  // reference forward of the written directory
+  double train_bpb = 0;    // the training stream's first 32 windows
+  double unigram_bpb = 0;  // add-one smoothed byte frequencies of the training stream
   int64_t train_bytes = 0, heldout_bytes = 0;
   double seconds = 0;
 };

@@ -156,7 +156,9 @@ std::string tokens_html(const nlohmann::json& ids, bool bytes, bool visible_spac
 // the accepted prefix highlighted beside what the target wrote.
 std::string samples_html(const fs::path& file) {
   const std::string text = read_text(file);
-  if (text.empty()) return "<p>no draft samples recorded (held-out data has none)</p>\n";
+  if (text.empty())
+    return "<p>no draft samples recorded (samples.json: written at the end of a run with "
+           "held-out data)</p>\n";
   const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
   if (j.is_discarded() || !j.contains("samples") || !j["samples"].is_array())
     return "<p>samples.json is not valid</p>\n";
@@ -193,18 +195,31 @@ std::string samples_html(const fs::path& file) {
 
 }  // namespace
 
-std::string write_report(const std::string& run_dir) {
-  const fs::path dir(run_dir);
-  const std::vector<nlohmann::json> rows = read_metrics(dir / "metrics.jsonl");
+namespace {
+
+// Every curve of the report, from metrics.jsonl's rows.
+struct Curves {
   Series loss{"train loss", kColors[0], {}}, eloss{"held-out loss", kColors[1], {}};
   Series tau{"train tau", kColors[0], {}}, etau{"held-out tau", kColors[1], {}};
+  Series lr{"learning rate", kColors[2], {}}, grad{"gradient norm", kColors[3], {}};
+  Series tps{"tokens/s", kColors[4], {}};
+  std::vector<Series> slots;  // held-out accuracy of slot k = 1, 2, ...
+};
+
+Curves read_curves(const std::vector<nlohmann::json>& rows) {
+  Curves c;
   std::map<size_t, Series> slots;
   for (const auto& j : rows) {
     const double step = j["step"].get<double>();
     const bool eval = j["kind"] == "eval";
-    (eval ? eloss : loss).points.emplace_back(step, num(j, "loss"));
-    (eval ? etau : tau).points.emplace_back(step, num(j, "tau"));
-    if (!eval) continue;
+    (eval ? c.eloss : c.loss).points.emplace_back(step, num(j, "loss"));
+    (eval ? c.etau : c.tau).points.emplace_back(step, num(j, "tau"));
+    if (!eval) {
+      c.lr.points.emplace_back(step, num(j, "lr"));
+      c.grad.points.emplace_back(step, num(j, "grad_norm"));
+      c.tps.points.emplace_back(step, num(j, "tokens_per_s"));
+      continue;
+    }
     const nlohmann::json acc = j.value("accuracy", nlohmann::json::array());
     for (size_t k = 1; acc.is_array() && k < acc.size(); ++k) {
       Series& s = slots[k];
@@ -212,35 +227,37 @@ std::string write_report(const std::string& run_dir) {
       s.points.emplace_back(step, acc[k].is_number() ? acc[k].get<double>() : std::nan(""));
     }
   }
-  Series lr{"learning rate", kColors[2], {}}, grad{"gradient norm", kColors[3], {}};
-  Series tps{"tokens/s", kColors[4], {}};
-  for (const auto& j : rows)
-    if (j["kind"] == "train") {
-      const double step = j["step"].get<double>();
-      lr.points.emplace_back(step, num(j, "lr"));
-      grad.points.emplace_back(step, num(j, "grad_norm"));
-      tps.points.emplace_back(step, num(j, "tokens_per_s"));
-    }
-  std::vector<Series> acc_series;
-  for (auto& [k, s] : slots) acc_series.push_back(s);
+  for (auto& [k, s] : slots) c.slots.push_back(s);
+  return c;
+}
+
+const char* kStyle =
+    "<style>.text{white-space:pre-wrap;font-family:monospace}"
+    ".prompt{color:#777}.continuation{color:#000}mark.accepted{background:#b6e3b6}"
+    ".rejected{color:#8b0000;text-decoration:line-through}"
+    "table.drafts td{vertical-align:top;padding:2px 6px}</style>";
+
+}  // namespace
+
+std::string write_report(const std::string& run_dir) {
+  const fs::path dir(run_dir);
+  const Curves c = read_curves(read_metrics(dir / "metrics.jsonl"));
   std::ostringstream o;
   o << "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>dflash run "
-    << xml_escape(run_dir)
-    << "</title>\n<style>.text{white-space:pre-wrap;font-family:monospace}"
-       ".prompt{color:#777}.continuation{color:#000}mark.accepted{background:#b6e3b6}"
-       ".rejected{color:#d62728;text-decoration:line-through}"
-       "table.drafts td{vertical-align:top;padding:2px 6px}</style></head>\n<body "
-       "style=\"font-family:sans-serif;max-width:900px\">\n"
+    << xml_escape(run_dir) << "</title>\n"
+    << kStyle << "</head>\n<body style=\"font-family:sans-serif;max-width:900px\">\n"
     << "<h1>dflash training run</h1>\n<p>" << xml_escape(fs::absolute(dir).string()) << "</p>\n";
-  if (!etau.points.empty())
+  if (!c.etau.points.empty())
     o << fmt::format("<p>held-out tau: {:.3f} at step {:g} &rarr; {:.3f} at step {:g}</p>\n",
-                     etau.points.front().second, etau.points.front().first,
-                     etau.points.back().second, etau.points.back().first);
+                     c.etau.points.front().second, c.etau.points.front().first,
+                     c.etau.points.back().second, c.etau.points.back().first);
   o << "<h2>Preflight</h2>\n" << verdict_html(dir / "preflight.json");
   o << "<h2>Curves</h2>\n"
-    << chart("loss", {loss, eloss}) << chart("tau (expected acceptance length)", {tau, etau})
-    << chart("held-out per-slot accuracy", acc_series) << chart("learning rate", {lr})
-    << chart("gradient norm (before clipping)", {grad}) << chart("throughput (tokens/s)", {tps});
+    << chart("loss", {c.loss, c.eloss})
+    << chart("tau (expected acceptance length)", {c.tau, c.etau})
+    << chart("held-out per-slot accuracy", c.slots) << chart("learning rate", {c.lr})
+    << chart("gradient norm (before clipping)", {c.grad})
+    << chart("throughput (tokens/s)", {c.tps});
   o << "<h2>Drafts</h2>\n" << samples_html(dir / "samples.json");
   o << "<h2>Config</h2>\n<pre>" << xml_escape(read_text(dir / "config.toml"))
     << "</pre>\n</body></html>\n";

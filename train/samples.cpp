@@ -23,7 +23,8 @@ std::vector<int64_t> row_anchors(const at::Tensor& mask, int64_t n, int64_t bs) 
     if (mask[a + 1].item<bool>()) cand.push_back(a);
   std::vector<int64_t> out;
   if (cand.empty()) return out;
-  const int64_t last = std::max<int64_t>(0, int64_t(cand.size()) - bs);  // room for a block
+  // The last anchor still leaves room for a whole block of labels.
+  const int64_t last = std::max<int64_t>(0, int64_t(cand.size()) - bs + 1);
   for (int64_t i = 0; i < n; ++i) {
     const int64_t a = cand[size_t(n > 1 ? i * last / (n - 1) : 0)];
     if (out.empty() || a != out.back()) out.push_back(a);
@@ -76,7 +77,8 @@ nlohmann::json draft_samples(const SampleSource& s, const Dataset& eval, int64_t
       bool agreeing = true;
       for (int64_t k = 1; k < k_end; ++k) {
         prop.push_back(guess[n][k].item<int64_t>()), tgt.push_back(row[size_t(an + k)]);
-        agreeing = agreeing && prop.back() == tgt.back();
+        // As tau counts (SPEC step 10): a slot outside the loss mask ends the block.
+        agreeing = agreeing && mask[an + k].item<bool>() && prop.back() == tgt.back();
         accepted += agreeing;
       }
       blocks.push_back(

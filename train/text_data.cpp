@@ -32,6 +32,11 @@ void read_jsonl_texts(const std::string& file, const std::string& body, std::vec
   for (int64_t n = 1; std::getline(in, line); ++n) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     const std::string where = fmt::format("{}:{}", file, n);
+    if (const int64_t bad = first_invalid_utf8(line); bad >= 0)
+      throw DataError(
+          fmt::format("{}: byte offset {} of the line: not valid UTF-8 (text data "
+                      "must be UTF-8)",
+                      where, bad));
     const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
     if (j.is_discarded() || !j.is_object())
       throw DataError(fmt::format("{}: expected a JSON object {{\"text\": ...}}", where));

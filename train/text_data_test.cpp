@@ -12,13 +12,17 @@
 #include <nlohmann/json.hpp>
 
 #include "core/byte_tokenizer.h"
+#include "core/optim.h"
 #include "core/safetensors.h"
 #include "fixtures/fixtures.h"
 #include "fixtures/test_support.h"
+#include "reference/step.h"
+#include "reference/target.h"
 #include "train/data.h"
 #include "train/generate.h"
 #include "train/hf.h"
 #include "train/lm.h"
+#include "train/samples.h"
 
 namespace dflash::train {
 namespace {
@@ -109,6 +113,11 @@ TEST(TextDataBadInput, ErrorsNameFileLineAndOffset) {
       std::string::npos);
   EXPECT_NE(error_of([&] { read_text_documents(dir / "missing"); }).find("no such text file"),
             std::string::npos);
+  write(dir / "latin1.jsonl", "{\"text\": \"caf\xE9\"}\n");  // JSON would call it malformed
+  EXPECT_NE(error_of([&] {
+              read_text_documents(dir / "latin1.jsonl");
+            }).find("latin1.jsonl:1: byte offset 13 of the line: not valid UTF-8"),
+            std::string::npos);
 }
 
 TEST(TextData, PromptsComeFromTheTextAtWordStarts) {
@@ -174,6 +183,72 @@ TEST(TextDataBadInput, AnHfTargetWithoutTheByteTokenizerIsRefused) {
             std::string::npos);
   write(dir / kByteTokenizerFile, byte_tokenizer_json());
   EXPECT_EQ(load_data(c, nullptr).train.size(), 2);  // 24 bytes in rows of 12
+}
+
+// The report's draft samples count acceptance exactly as the step's tau
+// does (SPEC step 10): a drafter fitted to a few held-out rows (so that its
+// proposals often agree) is asked for samples, and the same anchors through
+// the step give the same per-slot hits and the same accepted total.
+TEST(DraftSamples, AgreeWithTheStepsTauOnTheSameAnchors) {
+  Config c = byte_config(16, 5);
+  c.data.source = "self_distill";
+  const TargetWeights t = fixtures::make_target(c);
+  const FrozenWeights f = t.frozen();
+  const std::vector<TextDoc> docs = {
+      {"d", ByteTokenizer::encode("the cat sat on the mat and the dog sat on the log")}};
+  const Dataset eval = self_distill(c, t, 4, "e", &docs);
+  DrafterWeights w = fixtures::make_drafter(c);
+  const SampleSource src{&c, reference::drafter_step, &w, &f, &t};
+  nlohmann::json got = draft_samples(src, eval, 4, 3);
+  ASSERT_EQ(got["samples"].size(), 4u);
+  const int64_t N = int64_t(got["samples"][0]["blocks"].size());
+  StepInputs in{eval.input_ids, eval.loss_mask, {}, {}, {}};
+  std::vector<int64_t> anchors;
+  for (const auto& smp : got["samples"]) {
+    ASSERT_EQ(int64_t(smp["blocks"].size()), N);
+    for (const auto& b : smp["blocks"]) anchors.push_back(b["anchor"].get<int64_t>());
+  }
+  in.anchors = {at::tensor(anchors, at::kLong).view({4, N}), at::ones({4, N}, at::kBool)};
+  const reference::TargetOutputs tf = reference::target_forward(c, t, in.input_ids);
+  in.features = tf.features, in.target_hidden = tf.final_hidden;
+  OptimConfig oc;
+  oc.lr = 3e-2;
+  AdamW opt(named(w), oc);
+  for (int step = 0; step < 80; ++step) {  // fit the rows: proposals then often agree
+    run_step(reference::drafter_step, c, w, f, in);
+    opt.step();
+  }
+  got = draft_samples(src, eval, 4, 3);
+  const StepOutputs out = reference::drafter_step(c, w, f, in);
+  int64_t accepted = 0;
+  std::vector<int64_t> hits(size_t(c.data.block_size), 0);
+  for (const auto& smp : got["samples"])
+    for (const auto& b : smp["blocks"]) {
+      accepted += b["accepted"].get<int64_t>();
+      for (size_t k = 0; k < b["proposal"].size(); ++k)
+        hits[k + 1] += b["proposal"][k] == b["target"][k];
+    }
+  EXPECT_GT(accepted, 4) << "the fitted drafter should agree often; the test needs it";
+  EXPECT_EQ(accepted, out.accept_sum.item<int64_t>());
+  for (int64_t k = 1; k < c.data.block_size; ++k)
+    EXPECT_EQ(hits[size_t(k)], out.correct[k].item<int64_t>()) << "slot " << k;
+}
+
+// `dflash train-target` refuses unusable options before reading or writing.
+TEST(TrainTargetBadInput, OptionsAreCheckedNamingTheFlag) {
+  LmRecipe r;
+  r.out = "/nonexistent/never-written";
+  r.steps = 0;
+  EXPECT_NE(
+      error_of([&] { train_byte_lm(r); }).find("--steps: expected a positive integer, found 0"),
+      std::string::npos);
+  r.steps = 10, r.holdout = "/usr/share/common-licenses/Apache-2.0";
+  EXPECT_NE(error_of([&] { train_byte_lm(r); }).find("--holdout: expected a file name"),
+            std::string::npos);
+  r.holdout = "Apache-2.0", r.lr = 0;
+  EXPECT_NE(error_of([&] { train_byte_lm(r); }).find("--lr: expected in (0, 1)"),
+            std::string::npos);
+  EXPECT_FALSE(fs::exists(r.out));
 }
 
 // The shipped real-text target: its config.json, tokenizer and weights load
