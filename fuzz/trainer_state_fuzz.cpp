@@ -1,5 +1,6 @@
 // A checkpoint's manifest, trainer_state.json (train/checkpoint.cpp): a
-// clean CheckpointError or a state with non-negative counters.
+// clean CheckpointError or a state with non-negative counters and threads
+// in [0, 4096].
 #include <stdexcept>
 
 #include "fuzz/fuzz.h"
@@ -14,4 +15,6 @@ DFLASH_FUZZ_TARGET({
   }
   if (ck.state.step < 0 || ck.state.cursor < 0 || !ck.config.is_object())
     throw std::logic_error("trainer_state.json accepted a negative counter");
+  if (ck.threads < 0 || ck.threads > 4096)
+    throw std::logic_error("trainer_state.json accepted threads outside [0, 4096]");
 })

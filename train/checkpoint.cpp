@@ -159,13 +159,16 @@ void parse_trainer_state(const std::string& text, const std::string& label, Chec
   if (!st["config"].is_object())
     throw CheckpointError(
         fmt::format("{}: config: expected an object, found {}", label, st["config"].type_name()));
-  if (st.contains("threads") && !st["threads"].is_number_integer())
-    throw CheckpointError(
-        fmt::format("{}: threads: expected an integer, found {}", label, st["threads"].dump()));
+  // threads: the intra-op count the run had (0 = unknown), for the resume warning.
+  if (st.contains("threads") &&
+      (!st["threads"].is_number_integer() || st["threads"].get<int64_t>() < 0 ||
+       st["threads"].get<int64_t>() > 4096))
+    throw CheckpointError(fmt::format("{}: threads: expected an integer in [0, 4096], found {}",
+                                      label, st["threads"].dump()));
   ck.state = {st["step"].get<int64_t>(), st["cursor"].get<int64_t>()};
   ck.config = st["config"];
   ck.config["__optimizer_steps"] = st["optimizer_steps"];
-  ck.threads = int(std::clamp<int64_t>(st.value("threads", int64_t(0)), 0, 4096));
+  ck.threads = int(st.value("threads", int64_t(0)));
 }
 
 Checkpoint read_checkpoint(const std::string& dir) {

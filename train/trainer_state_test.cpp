@@ -42,7 +42,11 @@ TEST(TrainerState, ReadsTheFieldsAndNamesEachBadOne) {
                 "step: expected an integer >= 0, found 18446744073709551615"},
            Case{std::string("{\"step\": 1.5, ") + ok + "}", "step: expected an integer >= 0"},
            Case{std::string("{\"step\": 1, \"threads\": \"two\", ") + ok + "}",
-                "threads: expected an integer, found \"two\""},
+                "threads: expected an integer in [0, 4096], found \"two\""},
+           Case{std::string("{\"step\": 1, \"threads\": -3, ") + ok + "}",
+                "threads: expected an integer in [0, 4096], found -3"},
+           Case{std::string("{\"step\": 1, \"threads\": 5000, ") + ok + "}",
+                "threads: expected an integer in [0, 4096], found 5000"},
            Case{R"({"step": 1, "cursor": 1, "optimizer_steps": 1, "config": []})",
                 "config: expected an object, found array"},
        }) {
