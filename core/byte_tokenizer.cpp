@@ -3,9 +3,9 @@
 #include <fmt/format.h>
 
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
+
+#include "core/safetensors.h"
 
 namespace dflash {
 
@@ -73,11 +73,9 @@ std::string byte_tokenizer_json() {
 
 bool has_byte_tokenizer(const std::string& model_dir) {
   const std::string file = (std::filesystem::path(model_dir) / kByteTokenizerFile).string();
-  std::ifstream in(file, std::ios::binary);
-  if (!in) return false;
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, false);
+  if (!std::filesystem::exists(file)) return false;
+  const nlohmann::json j =
+      nlohmann::json::parse(safetensors::read_file(file, kByteTokenizerFile), nullptr, false);
   if (j.is_discarded() || !j.is_object())
     throw std::runtime_error(fmt::format("{}: not a valid JSON object", file));
   const auto type = j.find("type");

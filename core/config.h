@@ -69,6 +69,10 @@ struct DataConfig {
   int64_t num_samples = 512;  // self_distill: training samples to generate
   int64_t prompt_len = 8;     // self_distill: prompt tokens before the continuation
 
+  // Whether the data is byte-tokenized text (core/byte_tokenizer.h): the
+  // text source, or self-distillation with prompts drawn from text.
+  bool byte_text() const { return source == "text" || (source == "self_distill" && !path.empty()); }
+
   // The batch fields, the rest at their defaults (configs built in code).
   static DataConfig batch(std::string source, int64_t batch_size, int64_t seq_len,
                           int64_t block_size, int64_t max_anchors, int64_t mask_token_id) {

@@ -250,7 +250,7 @@ void check_inline_rows(const Checker& ck, const Config& c) {
 // Text is byte-tokenized (core/byte_tokenizer.h): ids 0..255 are bytes.
 void check_text_data(const Checker& ck, const Config& c) {
   const auto& d = c.data;
-  if (d.source != "text" && !(d.source == "self_distill" && !d.path.empty())) return;
+  if (!d.byte_text()) return;
   if (c.target.vocab_size < 257)
     ck.fail("target.vocab_size", "at least 257 for byte-tokenized text (256 bytes + mask)",
             std::to_string(c.target.vocab_size));

@@ -23,14 +23,15 @@ at::Tensor target_layer(const at::Tensor& x, const DecoderLayerWeights& w, const
 
 }  // namespace
 
-TargetOutputs target_forward(const Config& c, const TargetWeights& w, const at::Tensor& input_ids) {
-  const int64_t B = input_ids.size(0), S = input_ids.size(1);
+at::Tensor dense_causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  const int64_t B = q.size(0), S = q.size(2);
   const at::Tensor causal =
-      at::ones({S, S}, input_ids.options().dtype(at::kBool)).tril().expand({B, S, S});  // (B, S, S)
-  return target_forward_with(c, w, input_ids,
-                             [&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-                               return masked_attention(q, k, v, causal);
-                             });
+      at::ones({S, S}, q.options().dtype(at::kBool)).tril().expand({B, S, S});  // (B, S, S)
+  return masked_attention(q, k, v, causal);
+}
+
+TargetOutputs target_forward(const Config& c, const TargetWeights& w, const at::Tensor& input_ids) {
+  return target_forward_with(c, w, input_ids, dense_causal_attention);
 }
 
 at::Tensor decoder_forward(const Config& c, const TargetWeights& w, const at::Tensor& input_ids,

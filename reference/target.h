@@ -33,6 +33,10 @@ using LayerHook = std::function<void(int64_t layer, const at::Tensor& x)>;
 at::Tensor decoder_forward(const Config& c, const TargetWeights& w, const at::Tensor& input_ids,
                            const CausalAttentionFn& attend, const LayerHook& on_layer);
 
+// Dense causal attention (query i sees keys j <= i) through masked_attention:
+// what target_forward attends with.
+at::Tensor dense_causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
+
 // Runs under at::NoGradGuard. "The output of layer i" is the residual stream
 // after layer i (Hugging Face hidden_states[i + 1]).
 TargetOutputs target_forward(const Config& c, const TargetWeights& w,

@@ -277,8 +277,7 @@ DataSplit load_data(const Config& c, const TargetWeights* target) {
   const DataConfig& dc = c.data;
   DataSplit s;
   if (dc.source == "fixture" || dc.source == "inline") return s;
-  if (dc.source == "text" || (dc.source == "self_distill" && !dc.path.empty()))
-    check_byte_tokenizer(c);
+  if (dc.byte_text()) check_byte_tokenizer(c);
   if (dc.source == "self_distill") {
     TORCH_CHECK(target, "self_distill needs the target");
     std::vector<TextDoc> text, eval_text;

@@ -7,10 +7,8 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "core/batch.h"
 #include "core/byte_tokenizer.h"
@@ -20,25 +18,13 @@
 #include "fixtures/fixtures.h"
 #include "reference/layers.h"
 #include "reference/target.h"
+#include "train/data.h"
 #include "train/generate.h"
 #include "train/hf.h"
 
 namespace dflash::train {
 namespace fs = std::filesystem;
 namespace {
-
-std::string read_utf8_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  if (!in) throw std::runtime_error(fmt::format("{}: cannot open", p.string()));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  std::string text = ss.str();
-  if (text.empty()) throw std::runtime_error(fmt::format("{}: empty file", p.string()));
-  if (const int64_t bad = first_invalid_utf8(text); bad >= 0)
-    throw std::runtime_error(fmt::format(
-        "{}: byte offset {}: not valid UTF-8 (text files must be UTF-8)", p.string(), bad));
-  return text;
-}
 
 uint64_t fnv1a(const std::string& s) {
   uint64_t h = 1469598103934665603ull;
@@ -51,25 +37,23 @@ struct Corpus {
   std::string listing;                  // file, bytes, fnv1a64 per line (the log)
 };
 
+// The corpus directory through the text source's reader (UTF-8, regular
+// files in name order, symlinks skipped): the holdout apart, each document
+// followed by the end id.
 Corpus read_corpus(const LmRecipe& r) {
   if (!fs::is_directory(r.corpus))
     throw std::runtime_error(fmt::format("{}: --corpus: not a directory", r.corpus));
-  std::vector<fs::path> files;
-  for (const auto& e : fs::directory_iterator(r.corpus))
-    if (e.is_regular_file() && !e.is_symlink()) files.push_back(e.path());
-  std::sort(files.begin(), files.end());
   Corpus c;
   bool found_holdout = false;
-  for (const fs::path& p : files) {
-    const std::string text = read_utf8_file(p);
-    const bool held = p.filename() == r.holdout;
+  for (const TextDoc& d : read_text_documents(r.corpus)) {
+    const std::string name = fs::path(d.name).filename().string();
+    const bool held = name == r.holdout;
     found_holdout |= held;
     std::vector<int64_t>& dst = held ? c.heldout : c.train;
-    const std::vector<int64_t> ids = ByteTokenizer::encode(text);
-    dst.insert(dst.end(), ids.begin(), ids.end());
+    dst.insert(dst.end(), d.ids.begin(), d.ids.end());
     dst.push_back(ByteTokenizer::kEnd);
-    c.listing += fmt::format("  {:<12} {:>7} bytes  fnv1a64 {:016x}{}\n", p.filename().string(),
-                             text.size(), fnv1a(text), held ? "  (held out)" : "");
+    c.listing += fmt::format("  {:<12} {:>7} bytes  fnv1a64 {:016x}{}\n", name, d.ids.size(),
+                             fnv1a(ByteTokenizer::decode(d.ids)), held ? "  (held out)" : "");
   }
   if (!found_holdout)
     throw std::runtime_error(fmt::format("{}: --holdout {}: no such file", r.corpus, r.holdout));
@@ -201,17 +185,12 @@ double byte_lm_bits_per_byte(const std::string& model_dir, const std::string& te
   c.target = read_hf_config(model_dir);
   c.target.source = "hf", c.target.path = model_dir;
   const TargetWeights w = load_hf_target(c);
-  std::vector<int64_t> ids = ByteTokenizer::encode(read_utf8_file(text_file));
-  ids.push_back(ByteTokenizer::kEnd);
-  return stream_nats(
-             c, w, ids, seq_len,
-             [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-               const int64_t S = q.size(2);
-               const at::Tensor causal =
-                   at::ones({S, S}, q.options().dtype(at::kBool)).tril().expand({q.size(0), S, S});
-               return reference::masked_attention(q, k, v, causal);
-             }) /
-         std::log(2.0);
+  std::vector<int64_t> ids;
+  for (const TextDoc& d : read_text_documents(text_file)) {
+    ids.insert(ids.end(), d.ids.begin(), d.ids.end());
+    ids.push_back(ByteTokenizer::kEnd);
+  }
+  return stream_nats(c, w, ids, seq_len, reference::dense_causal_attention) / std::log(2.0);
 }
 
 namespace {

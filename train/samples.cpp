@@ -34,15 +34,11 @@ std::vector<int64_t> row_anchors(const at::Tensor& mask, int64_t n, int64_t bs) 
 
 }  // namespace
 
-bool byte_text_data(const Config& c) {
-  return c.data.source == "text" || (c.data.source == "self_distill" && !c.data.path.empty());
-}
-
 nlohmann::json draft_samples(const SampleSource& s, const Dataset& eval, int64_t rows,
                              int64_t anchors) {
   const Config& c = *s.c;
   const int64_t bs = c.data.block_size;
-  nlohmann::json out = {{"tokenizer", byte_text_data(c) ? "byte" : "ids"},
+  nlohmann::json out = {{"tokenizer", c.data.byte_text() ? "byte" : "ids"},
                         {"block_size", bs},
                         {"samples", nlohmann::json::array()}};
   at::NoGradGuard ng;

@@ -27,7 +27,4 @@ struct SampleSource {
 nlohmann::json draft_samples(const SampleSource& s, const Dataset& eval, int64_t rows,
                              int64_t anchors);
 
-// Whether a config's data is byte-tokenized text (decoded in the report).
-bool byte_text_data(const Config& c);
-
 }  // namespace dflash::train
