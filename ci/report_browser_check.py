@@ -84,11 +84,12 @@ def main():
     svgs = re.findall(r"<svg.*?</svg>", dom, re.S)
     drawn = [s for s in svgs if re.search(r'<polyline[^>]*points="[0-9.]+,[0-9.]+ [0-9.]+,', s)]
     titles = re.findall(r"<h3>([^<]*)</h3>\s*<svg", dom)
-    for want in ("loss", "tau", "learning rate", "gradient norm", "throughput"):
+    for want in ("loss", "tau", "served acceptance", "learning rate", "gradient norm",
+                 "throughput"):
         if not any(t.startswith(want) for t in titles):
             failures.append("no chart titled %r in the DOM (charts: %s)" % (want, titles))
-    if len(drawn) < 6:
-        failures.append("%d of %d charts draw a line (want >= 6)" % (len(drawn), len(svgs)))
+    if len(drawn) < 7:
+        failures.append("%d of %d charts draw a line (want >= 7)" % (len(drawn), len(svgs)))
     samples = dom.count('class="sample"')
     blocks = dom.count('class="block"')
     rows = re.findall(r'<tr class="block">.*?</tr>', dom, re.S)

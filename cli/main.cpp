@@ -18,6 +18,7 @@
 #include "harness/preflight.h"
 #include "train/data.h"
 #include "train/dist.h"
+#include "train/eval.h"
 #include "train/lm.h"
 #include "train/loop.h"
 #include "train/report.h"
@@ -252,6 +253,35 @@ void add_train_and_launch(CLI::App& app, Subcommands& subs, LaunchArgs& launch) 
     train::train_byte_lm(*lm);
     return 0;
   });
+
+  auto ev = std::make_shared<train::EvalOptions>();
+  auto* es = app.add_subcommand(
+      "eval",
+      "Served acceptance of a drafter checkpoint: block and tree speculative decoding against "
+      "plain greedy, beside the teacher-forced tau (docs/EVAL.md)");
+  es->add_option("checkpoint", ev->checkpoint, "Checkpoint directory, or a run directory (newest)")
+      ->required()
+      ->check(CLI::ExistingDirectory);
+  es->add_option("--target", ev->target, "Hugging Face target directory (default: the run's)");
+  es->add_option("--prompts", ev->prompts,
+                 "Prompt file: one text prompt per line, or .jsonl of {\"text\"} / {\"ids\"} "
+                 "(default: the run's held-out prompts)");
+  es->add_option("--num-prompts", ev->num_prompts, "Held-out prompts to decode")
+      ->check(CLI::Range(int64_t(1), int64_t(65536)));
+  es->add_option("--tokens", ev->max_new_tokens, "Tokens generated per prompt")
+      ->check(CLI::Range(int64_t(1), int64_t(1000000)));
+  es->add_option("--block-size", ev->block_size, "Served block size (default: the trained one)")
+      ->check(CLI::Range(int64_t(2), int64_t(4096)));
+  es->add_option("--budgets", ev->budgets, "Tree node budgets")
+      ->check(CLI::Range(int64_t(1), int64_t(4096)));
+  es->add_option("--max-context", ev->max_context,
+                 "Context limit (default: the target's max_position_embeddings)")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 40));
+  es->add_option("--json", ev->json, "Also write the report as JSON");
+  es->add_option("--build", ev->build, "The step computing tau: reference or optimized")
+      ->check(CLI::IsMember({"reference", "optimized"}));
+  es->add_option("--threads", ev->threads, "Intra-op threads (0: every core)");
+  subs.add(es, [ev] { return train::run_eval(*ev); });
 
   auto fa = std::make_shared<std::pair<std::string, std::string>>();
   auto shard = std::make_shared<int64_t>(256);

@@ -248,6 +248,7 @@ void read_hf_target(Section& t, TargetConfig& c, const std::string& label) {
   c.num_hidden_layers = t.integer("num_hidden_layers", hf.num_hidden_layers);
   c.shape = read_shape(t, &hf.shape);
   c.tie_word_embeddings = t.boolean("tie_word_embeddings", hf.tie_word_embeddings);
+  c.max_position_embeddings = hf.max_position_embeddings;
   check_same(label, "vocab_size", c.vocab_size, hf.vocab_size, c.path);
   check_same(label, "num_hidden_layers", c.num_hidden_layers, hf.num_hidden_layers, c.path);
   check_same(label, "hidden_size", c.shape.hidden_size, hf.shape.hidden_size, c.path);
@@ -327,6 +328,10 @@ void read_train(Section s, TrainConfig& c) {
   c.checkpoint_every = s.integer("checkpoint_every", 50);
   c.keep_checkpoints = s.integer("keep_checkpoints", 2);
   c.log_every = s.integer("log_every", 10);
+  c.served_eval_every = s.integer("served_eval_every", 0);
+  c.served_eval_prompts = s.integer("served_eval_prompts", 8);
+  c.served_eval_tokens = s.integer("served_eval_tokens", 64);
+  c.served_tree_budget = s.integer("served_tree_budget", 16);
   c.out_dir = s.string("out_dir", "");
   s.reject_unknown();
 }
@@ -554,6 +559,8 @@ TargetConfig parse_hf_config(const std::string& text, const std::string& file) {
   if (j.contains("tie_word_embeddings") && !j["tie_word_embeddings"].is_boolean())
     hf_fail(file, "tie_word_embeddings", "true or false", j["tie_word_embeddings"]);
   c.tie_word_embeddings = j.value("tie_word_embeddings", false);
+  if (j.contains("max_position_embeddings") && !j["max_position_embeddings"].is_null())
+    c.max_position_embeddings = hf_int(j, file, "max_position_embeddings");
   return c;
 }
 

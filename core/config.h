@@ -37,9 +37,10 @@ struct TargetConfig {
   int64_t num_hidden_layers = 0;   // Nt
   LayerShape shape;
   bool tie_word_embeddings = false;
-  double init_std = 0.02;         // fixture init: N(0, init_std) weights
-  double norm_init_jitter = 0.0;  // fixture init: norms 1 + jitter*N(0,1)
-  std::string path;               // source = "hf": a Hugging Face Qwen3 model directory
+  double init_std = 0.02;               // fixture init: N(0, init_std) weights
+  double norm_init_jitter = 0.0;        // fixture init: norms 1 + jitter*N(0,1)
+  std::string path;                     // source = "hf": a Hugging Face Qwen3 model directory
+  int64_t max_position_embeddings = 0;  // hf: config.json's context limit; 0 = not stated
 };
 
 struct DrafterConfig {
@@ -99,7 +100,12 @@ struct TrainConfig {
   int64_t checkpoint_every = 50;
   int64_t keep_checkpoints = 2;
   int64_t log_every = 10;
-  std::string out_dir;  // "" = runs/<config file stem>
+  // Served acceptance (docs/EVAL.md): speculative decoding of held-out prompts.
+  int64_t served_eval_every = 0;    // steps; 0 = only at the end
+  int64_t served_eval_prompts = 8;  // held-out prompts decoded; 0 = no served evaluation
+  int64_t served_eval_tokens = 64;  // tokens generated per prompt
+  int64_t served_tree_budget = 16;  // the tree decoding's node budget beside block decoding
+  std::string out_dir;              // "" = runs/<config file stem>
 };
 
 struct LossConfig {

@@ -52,6 +52,8 @@ std::vector<ConfigRange> make_ranges() {
   std::vector<ConfigRange> v;
   v.push_back(ints("target.vocab_size", 2, 1 << 24, "V; 2^24, 64x a 250k vocabulary"));
   v.push_back(ints("target.num_hidden_layers", 1, 1024, "Nt"));
+  v.push_back(ints("target.max_position_embeddings", 1, 1'000'000'000'000,
+                   "read from an hf target's config.json (the served context limit)"));
   add_shape_ranges(v, true);
   v.push_back(ints("drafter.num_hidden_layers", 1, 256, "Nd"));
   add_shape_ranges(v, false);
@@ -90,6 +92,10 @@ std::vector<ConfigRange> make_ranges() {
   v.push_back(ints("train.checkpoint_every", 0, 1'000'000'000'000, "0 = only at the end"));
   v.push_back(ints("train.keep_checkpoints", 1, 1'000'000, ""));
   v.push_back(ints("train.log_every", 1, 1'000'000'000'000, ""));
+  v.push_back(ints("train.served_eval_every", 0, 1'000'000'000'000, "0 = only at the end"));
+  v.push_back(ints("train.served_eval_prompts", 0, 65536, "0 = no served evaluation"));
+  v.push_back(ints("train.served_eval_tokens", 1, 1'000'000, ""));
+  v.push_back(ints("train.served_tree_budget", 1, 4096, ""));
   return v;
 }
 
@@ -330,6 +336,10 @@ void check_train(const Checker& ck, const TrainConfig& t) {
   ck.in_range("train.checkpoint_every", t.checkpoint_every);
   ck.in_range("train.keep_checkpoints", t.keep_checkpoints);
   ck.in_range("train.log_every", t.log_every);
+  ck.in_range("train.served_eval_every", t.served_eval_every);
+  ck.in_range("train.served_eval_prompts", t.served_eval_prompts);
+  ck.in_range("train.served_eval_tokens", t.served_eval_tokens);
+  ck.in_range("train.served_tree_budget", t.served_tree_budget);
 }
 
 }  // namespace
@@ -508,6 +518,10 @@ nlohmann::json config_to_json(const Config& c) {
                 {"checkpoint_every", tr.checkpoint_every},
                 {"keep_checkpoints", tr.keep_checkpoints},
                 {"log_every", tr.log_every},
+                {"served_eval_every", tr.served_eval_every},
+                {"served_eval_prompts", tr.served_eval_prompts},
+                {"served_eval_tokens", tr.served_eval_tokens},
+                {"served_tree_budget", tr.served_tree_budget},
                 {"out_dir", tr.out_dir}};
   return j;
 }

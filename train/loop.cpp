@@ -30,6 +30,7 @@
 #include "train/report.h"
 #include "train/run_state.h"
 #include "train/samples.h"
+#include "train/served_eval.h"
 #include "train/split_loop.h"
 
 namespace dflash::train {
@@ -111,6 +112,37 @@ Sums evaluate(Run& r) {
   return s;
 }
 
+void served_evaluate(Run& r) {
+  const TrainConfig& tc = r.c.train;
+  if (tc.served_eval_prompts == 0 || !r.target.embed_tokens.defined() || !has_eval(r)) return;
+  const std::vector<std::vector<int64_t>> prompts =
+      served_prompts(r.c, r.data.eval, tc.served_eval_prompts);
+  ServedOptions so;
+  so.block_size = r.c.data.block_size;
+  so.max_new_tokens = tc.served_eval_tokens;
+  so.max_context = context_limit(r.c);
+  so.budgets = {tc.served_tree_budget};
+  so.plain_greedy = false;  // acceptance only; `dflash eval` times the speedup
+  const ServedReport rep = served_eval({&r.c, &r.target, &r.w, r.fn}, prompts, so);
+  r.served = rep.block.acceptance(), r.served_tree = rep.trees[0].acceptance();
+  fmt::print(
+      "served @ {}: acceptance {:.3f}  tree {} {:.3f}  (tau on the same texts {:.3f}; {} "
+      "prompts x {} tokens)\n",
+      r.st.step, r.served, tc.served_tree_budget, r.served_tree, rep.tau, prompts.size(),
+      tc.served_eval_tokens);
+  nlohmann::json j = rep.to_json();
+  append_metrics(
+      r, {{"kind", "served"},
+          {"step", r.st.step},
+          {"acceptance", r.served},
+          {"tree_budget", tc.served_tree_budget},
+          {"tree_acceptance", r.served_tree},
+          {"tau_same_texts", rep.tau},
+          {"histogram", j["block"]["histogram"]},
+          {"acceptance_by_position", j["block"]["acceptance_by_position"]},
+          {"mismatched_prompts", rep.block.mismatched_prompts + rep.trees[0].mismatched_prompts}});
+}
+
 bool has_eval(const Run& r) {
   return r.data.eval.size() > 0 || r.c.data.source == "fixture" || r.c.data.source == "inline";
 }
@@ -157,9 +189,10 @@ void progress(Run& r, const Sums& s, const AdamW::Stats& st, double step_s, doub
                      {"tokens_per_s", r.tokens_per_step / step_s},
                      {"step_s", step_s}});
   if (!line_due(r)) return;
+  const std::string served = r.served > 0 ? fmt::format("  served {:.3f}", r.served) : "";
   fmt::print(
-      "step {:>5}  loss {:.8f}  tau {:.3f}  lr {:.3e}  grad_norm {:.3e}  {:.0f} tok/s  ETA {}\n",
-      r.st.step, s.loss(), s.tau(), st.lr, st.grad_norm, r.tokens_per_step / mean_s,
+      "step {:>5}  loss {:.8f}  tau {:.3f}{}  lr {:.3e}  grad_norm {:.3e}  {:.0f} tok/s  ETA {}\n",
+      r.st.step, s.loss(), s.tau(), served, st.lr, st.grad_norm, r.tokens_per_step / mean_s,
       eta_text(mean_s * double(left)));
   std::fflush(stdout);
 }
@@ -263,7 +296,10 @@ double begin_run(Run& r) {
   fs::create_directories(r.dir);
   safetensors::write_file_atomic((fs::path(r.dir) / "config.toml").string(), config_to_toml(r.c));
   open_metrics(r);
-  return r.st.step == 0 && has_eval(r) ? evaluate(r).tau() : 0.0;
+  if (r.st.step != 0 || !has_eval(r)) return 0.0;
+  const double tau = evaluate(r).tau();
+  served_evaluate(r);
+  return tau;
 }
 
 bool after_step(Run& r, const AdamW& opt) {
@@ -271,6 +307,8 @@ bool after_step(Run& r, const AdamW& opt) {
   const bool last = r.st.step == tc.steps,
              saving = tc.checkpoint_every > 0 && r.st.step % tc.checkpoint_every == 0;
   if (!last && tc.eval_every > 0 && r.st.step % tc.eval_every == 0 && has_eval(r)) evaluate(r);
+  if (!last && tc.served_eval_every > 0 && r.st.step % tc.served_eval_every == 0)
+    served_evaluate(r);
   if (saving) fmt::print("checkpoint: {}\n", save_checkpoint(r.dir, r.c, r.w, opt, r.st));
   maybe_exit_after(r.st.step);
   return saving;
@@ -278,6 +316,7 @@ bool after_step(Run& r, const AdamW& opt) {
 
 std::pair<double, std::string> end_run(Run& r, const AdamW& opt, bool saved_now) {
   const double tau = has_eval(r) ? evaluate(r).tau() : 0.0;
+  served_evaluate(r);
   if (!saved_now) fmt::print("checkpoint: {}\n", save_checkpoint(r.dir, r.c, r.w, opt, r.st));
   r.metrics.close();
   if (r.data.eval.size() > 0) {
@@ -291,6 +330,7 @@ std::pair<double, std::string> end_run(Run& r, const AdamW& opt, bool saved_now)
 RunSummary run_loop(Run& r) {
   RunSummary sum{r.dir, "", r.c.train.steps, 0, 0};
   sum.first_eval_tau = begin_run(r);
+  sum.first_served = r.served;
   double spent = 0;
   int64_t timed = 0;
   bool saved = false;
@@ -306,6 +346,7 @@ RunSummary run_loop(Run& r) {
   }
   write_params(r.o.out_params, r.w);
   std::tie(sum.last_eval_tau, sum.report) = end_run(r, *r.opt, saved);
+  sum.last_served = r.served;
   return sum;
 }
 
@@ -382,8 +423,12 @@ int run_training(const RunOptions& o) {
     fmt::print("\ntrained to step {} (resumed); held-out tau {:.3f}\nreport: {}\n", s.steps,
                s.last_eval_tau, s.report);
   else
-    fmt::print("\ntrained {} steps; held-out tau {:.3f} -> {:.3f}\nreport: {}\n", s.steps,
-               s.first_eval_tau, s.last_eval_tau, s.report);
+    fmt::print("\ntrained {} steps; held-out tau {:.3f} -> {:.3f}{}\nreport: {}\n", s.steps,
+               s.first_eval_tau, s.last_eval_tau,
+               s.last_served > 0 ? fmt::format("; served acceptance {:.3f} -> {:.3f}",
+                                               s.first_served, s.last_served)
+                                 : std::string(),
+               s.report);
   return 0;
 }
 

@@ -40,6 +40,7 @@ struct RunSummary {
   std::string run_dir, report;
   int64_t steps = 0;
   double first_eval_tau = 0, last_eval_tau = 0;
+  double first_served = 0, last_served = 0;  // served acceptance (0: not measured)
 };
 
 // The config with the command-line overrides applied and re-validated.

@@ -203,6 +203,9 @@ struct Curves {
   Series tau{"train tau", kColors[0], {}}, etau{"held-out tau", kColors[1], {}};
   Series lr{"learning rate", kColors[2], {}}, grad{"gradient norm", kColors[3], {}};
   Series tps{"tokens/s", kColors[4], {}};
+  // Served acceptance (docs/EVAL.md): block and tree speculative decoding.
+  Series served{"served acceptance (block)", kColors[2], {}},
+      stree{"served (tree)", kColors[3], {}};
   std::vector<Series> slots;  // held-out accuracy of slot k = 1, 2, ...
 };
 
@@ -211,6 +214,12 @@ Curves read_curves(const std::vector<nlohmann::json>& rows) {
   std::map<size_t, Series> slots;
   for (const auto& j : rows) {
     const double step = j["step"].get<double>();
+    if (j["kind"] == "served") {
+      c.served.points.emplace_back(step, num(j, "acceptance"));
+      c.stree.points.emplace_back(step, num(j, "tree_acceptance"));
+      c.stree.name = fmt::format("served (tree, budget {})", j.value("tree_budget", 0));
+      continue;
+    }
     const bool eval = j["kind"] == "eval";
     (eval ? c.eloss : c.loss).points.emplace_back(step, num(j, "loss"));
     (eval ? c.etau : c.tau).points.emplace_back(step, num(j, "tau"));
@@ -251,10 +260,20 @@ std::string write_report(const std::string& run_dir) {
     o << fmt::format("<p>held-out tau: {:.3f} at step {:g} &rarr; {:.3f} at step {:g}</p>\n",
                      c.etau.points.front().second, c.etau.points.front().first,
                      c.etau.points.back().second, c.etau.points.back().first);
+  if (!c.served.points.empty())
+    o << fmt::format(
+        "<p>served acceptance (tokens per target forward, block speculative decoding): {:.3f} "
+        "at step {:g} &rarr; {:.3f} at step {:g}; {}: {:.3f}</p>\n",
+        c.served.points.front().second, c.served.points.front().first,
+        c.served.points.back().second, c.served.points.back().first, c.stree.name,
+        c.stree.points.back().second);
   o << "<h2>Preflight</h2>\n" << verdict_html(dir / "preflight.json");
   o << "<h2>Curves</h2>\n"
     << chart("loss", {c.loss, c.eloss})
     << chart("tau (expected acceptance length)", {c.tau, c.etau})
+    << (c.served.points.empty()
+            ? std::string()
+            : chart("served acceptance beside held-out tau", {c.etau, c.served, c.stree}))
     << chart("held-out per-slot accuracy", c.slots) << chart("learning rate", {c.lr})
     << chart("gradient norm (before clipping)", {c.grad})
     << chart("throughput (tokens/s)", {c.tps});

@@ -55,8 +55,9 @@ struct Run {
   std::ofstream metrics;
   double tokens_per_step = 0;
   bool resumed = false;
-  std::string dump_suffix;        // the split: "-rank-R", so drafters do not collide
-  c10::Device device{c10::kCPU};  // topology.device: weights, optimizer state, batches
+  std::string dump_suffix;             // the split: "-rank-R", so drafters do not collide
+  c10::Device device{c10::kCPU};       // topology.device: weights, optimizer state, batches
+  double served = 0, served_tree = 0;  // last served acceptance (block, tree); 0: none yet
 };
 
 std::string run_dir_for(const Config& c, const RunOptions& o);
@@ -71,6 +72,11 @@ void open_metrics(Run& r);
 void append_metrics(Run& r, const nlohmann::json& j);
 bool has_eval(const Run& r);
 Sums evaluate(Run& r);
+// Served acceptance (docs/EVAL.md) of train.served_eval_prompts held-out
+// prompts, block and tree at train.served_tree_budget, into r.served* and
+// metrics.jsonl ({"kind": "served"}). Skipped where the process holds no
+// target (features data, the split's drafter ranks) or nothing is held out.
+void served_evaluate(Run& r);
 // Writes the step dump of micro-batch g and throws naming the first
 // non-finite tensor.
 [[noreturn]] void stop_nonfinite(const Run& r, const StepInputs& in, int64_t g);

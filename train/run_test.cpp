@@ -265,6 +265,26 @@ TEST(DefaultRun, HeldOutTauRises) {
   const double first = std::stod(m[1]), last = std::stod(m[2]);
   EXPECT_LT(first, 1.05) << r.out;
   EXPECT_GT(last, first + 0.3) << r.out;
+  // Served acceptance at the start and the end (docs/EVAL.md), then `dflash
+  // eval` on the final checkpoint: lossless, budget 1 = block, bigger trees
+  // verify more nodes and accept at least as much here.
+  EXPECT_TRUE(std::regex_search(r.out, std::regex("served @ 80: acceptance [0-9.]+  tree 16 ")))
+      << r.out;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex("served acceptance 1.000 -> [0-9.]+"))) << r.out;
+  const Shell ev = sh(dflash() + " eval " + (tmp / "run") +
+                      " --num-prompts 3 --tokens 40 --budgets 1 16 --json " + (tmp / "ev.json"));
+  ASSERT_EQ(ev.code, 0) << ev.out;
+  EXPECT_NE(ev.out.find("served acceptance (block 8): "), std::string::npos) << ev.out;
+  EXPECT_NE(ev.out.find("speed: greedy "), std::string::npos) << ev.out;
+  const nlohmann::json e = nlohmann::json::parse(slurp(tmp / "ev.json"));
+  EXPECT_EQ(e["block"]["mismatched_prompts"], 0);
+  EXPECT_EQ(e["greedy_tokens"], 120);
+  EXPECT_EQ(e["block"]["tokens"], 120);
+  EXPECT_EQ(e["trees"][0]["acceptance"], e["block"]["acceptance"]);
+  EXPECT_GT(e["trees"][1]["mean_nodes"].get<double>(), e["trees"][0]["mean_nodes"].get<double>());
+  EXPECT_GE(e["trees"][1]["acceptance"].get<double>(), e["block"]["acceptance"].get<double>());
+  EXPECT_GT(e["tau"].get<double>(), 1.0);
+  EXPECT_GT(e["speedup"].get<double>(), 0.0);
   const nlohmann::json samples = nlohmann::json::parse(slurp(tmp / "run/samples.json"));
   EXPECT_EQ(samples["tokenizer"], "byte");
   ASSERT_GE(samples["samples"].size(), 1u);

@@ -1,0 +1,200 @@
+// `dflash eval`; see eval.h.
+#include "train/eval.h"
+
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "core/byte_tokenizer.h"
+#include "core/safetensors.h"
+#include "optimized/step.h"
+#include "reference/step.h"
+#include "train/checkpoint.h"
+#include "train/data.h"
+#include "train/hf.h"
+#include "train/served_eval.h"
+
+namespace dflash::train {
+namespace fs = std::filesystem;
+namespace {
+
+[[noreturn]] void refuse(const std::string& file, const std::string& field,
+                         const std::string& why) {
+  throw std::runtime_error(fmt::format("{}: {}: {}; not evaluating", file, field, why));
+}
+
+int64_t int_field(const nlohmann::json& j, const std::string& file, const std::string& key) {
+  if (!j.contains(key) || !j[key].is_number_integer())
+    refuse(
+        file, key,
+        fmt::format("expected an integer, found {}", j.contains(key) ? j[key].dump() : "nothing"));
+  return j[key].get<int64_t>();
+}
+
+std::string resolve_checkpoint(const std::string& path) {
+  if (fs::exists(fs::path(path) / "trainer_state.json")) return path;
+  if (const auto latest = latest_checkpoint(path)) return *latest;
+  throw std::runtime_error(fmt::format(
+      "{}: neither a checkpoint (no trainer_state.json) nor a run directory with checkpoints",
+      path));
+}
+
+std::vector<int64_t> ids_of_json(const nlohmann::json& ids, const std::string& where, int64_t V) {
+  if (!ids.is_array() || ids.empty())
+    throw std::runtime_error(where + ": ids: expected a non-empty array");
+  std::vector<int64_t> out;
+  for (const auto& t : ids) {
+    if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= V)
+      throw std::runtime_error(
+          fmt::format("{}: ids: {} is not a token id in [0, {})", where, t.dump(), V));
+    out.push_back(t.get<int64_t>());
+  }
+  return out;
+}
+
+// The run's config as the checkpoint recorded it, with the drafter's own
+// config.json fields and, with --target, the given Hugging Face target.
+Config eval_config(const Checkpoint& ck, const EvalOptions& o) {
+  nlohmann::json resolved = ck.config;
+  resolved.erase("__optimizer_steps");
+  if (!o.target.empty()) resolved["target"] = {{"source", "hf"}, {"path", o.target}};
+  const std::string drafter_file = (fs::path(ck.dir) / "config.json").string();
+  const nlohmann::json dj = nlohmann::json::parse(
+      safetensors::read_file(drafter_file, "the drafter config"), nullptr, false);
+  if (!dj.is_object()) refuse(drafter_file, "(root)", "not a JSON object");
+  TargetConfig t;
+  std::string target_dir;
+  if (resolved["target"].value("source", "fixture") == "hf") {
+    target_dir = resolved["target"].value("path", "");
+    t = read_hf_config(target_dir);
+  } else {
+    t = parse_config_json(resolved, ck.dir + "/trainer_state.json").target;
+  }
+  check_drafter_config(dj, drafter_file, t, target_dir, o.block_size);
+  const nlohmann::json& df = dj["dflash_config"];
+  resolved["drafter"]["target_layer_ids"] = df["target_layer_ids"];
+  resolved["data"]["mask_token_id"] = df["mask_token_id"];
+  resolved["data"]["block_size"] = dj["block_size"];
+  resolved["data"]["num_samples"] = 1;  // self_distill: only its held-out stream is used
+  return parse_config_json(resolved, ck.dir + "/trainer_state.json");
+}
+
+}  // namespace
+
+void check_drafter_config(const nlohmann::json& d, const std::string& file, const TargetConfig& t,
+                          const std::string& target_dir, int64_t block_size) {
+  auto same = [&](const char* key, int64_t there, int64_t target) {
+    if (there != target)
+      refuse(file, key,
+             fmt::format("{} disagrees with the target{} ({})", there,
+                         target_dir.empty() ? "" : " " + target_dir, target));
+  };
+  same("hidden_size", int_field(d, file, "hidden_size"), t.shape.hidden_size);
+  same("vocab_size", int_field(d, file, "vocab_size"), t.vocab_size);
+  if (d.contains("num_target_layers"))
+    same("num_target_layers", int_field(d, file, "num_target_layers"), t.num_hidden_layers);
+  if (!d.contains("dflash_config") || !d["dflash_config"].is_object())
+    refuse(file, "dflash_config", "missing (mask_token_id, target_layer_ids)");
+  const nlohmann::json& df = d["dflash_config"];
+  const int64_t mask = int_field(df, file, "mask_token_id");
+  if (mask < 0 || mask >= t.vocab_size)
+    refuse(file, "dflash_config.mask_token_id",
+           fmt::format("{} is outside the target's vocabulary [0, {})", mask, t.vocab_size));
+  if (!target_dir.empty() && has_byte_tokenizer(target_dir) && mask != ByteTokenizer::kMask)
+    refuse(file, "dflash_config.mask_token_id",
+           fmt::format("{} disagrees with the target's byte tokenizer ({}/{}: mask {})", mask,
+                       target_dir, kByteTokenizerFile, ByteTokenizer::kMask));
+  if (!df.contains("target_layer_ids") || !df["target_layer_ids"].is_array() ||
+      df["target_layer_ids"].empty())
+    refuse(file, "dflash_config.target_layer_ids", "expected a non-empty list of layer ids");
+  for (const auto& id : df["target_layer_ids"])
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
+        id.get<int64_t>() >= t.num_hidden_layers)
+      refuse(file, "dflash_config.target_layer_ids",
+             fmt::format("{} is not a layer of the target (it has {})", id.dump(),
+                         t.num_hidden_layers));
+  const int64_t trained = int_field(d, file, "block_size");
+  if (trained < 2) refuse(file, "block_size", fmt::format("{} < 2", trained));
+  if (block_size > trained)
+    refuse(file, "block_size",
+           fmt::format("the drafter was trained with blocks of {}; --block-size {} would put "
+                       "mask slots at offsets it never saw",
+                       trained, block_size));
+}
+
+std::vector<std::vector<int64_t>> read_prompt_file(const std::string& path, bool byte_text,
+                                                   int64_t V) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error(path + ": cannot open the prompt file");
+  const bool jsonl = fs::path(path).extension() == ".jsonl";
+  std::vector<std::vector<int64_t>> out;
+  int64_t n = 0;
+  for (std::string line; std::getline(in, line);) {
+    const std::string where = fmt::format("{}:{}", path, ++n);
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    std::string text = line;
+    if (jsonl) {
+      const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+      if (!j.is_object()) throw std::runtime_error(where + ": not a JSON object");
+      if (j.contains("ids")) {
+        out.push_back(ids_of_json(j["ids"], where, V));
+        continue;
+      }
+      if (!j.contains("text") || !j["text"].is_string())
+        throw std::runtime_error(where + ": expected {\"text\": string} or {\"ids\": [...]}");
+      text = j["text"].get<std::string>();
+    }
+    if (!byte_text)
+      throw std::runtime_error(
+          where +
+          ": a text prompt needs a byte-tokenized target (byte_tokenizer.json); "
+          "give token ids as {\"ids\": [...]} in a .jsonl file");
+    if (const int64_t bad = first_invalid_utf8(text); bad >= 0)
+      throw std::runtime_error(fmt::format("{}: invalid UTF-8 at byte {}", where, bad));
+    out.push_back(ByteTokenizer::encode(text));
+  }
+  if (out.empty()) throw std::runtime_error(path + ": no prompts");
+  return out;
+}
+
+int run_eval(const EvalOptions& o) {
+  configure_threads(o.threads);
+  const std::string dir = resolve_checkpoint(o.checkpoint);
+  const Checkpoint ck = read_checkpoint(dir);
+  const Config c = eval_config(ck, o);
+  const TargetWeights target = load_target(c);
+  const DrafterWeights drafter =
+      bind_drafter(c, ck.params, master_type(c.run.dtype), dir + "/model.safetensors");
+  const bool byte_text =
+      c.data.byte_text() || (c.target.source == "hf" && has_byte_tokenizer(c.target.path));
+  std::vector<std::vector<int64_t>> prompts;
+  if (!o.prompts.empty()) {
+    prompts = read_prompt_file(o.prompts, byte_text, c.target.vocab_size);
+  } else {
+    const DataSplit data = load_data(c, &target);
+    prompts = served_prompts(c, data.eval, o.num_prompts);
+  }
+  ServedOptions so;
+  so.block_size = o.block_size > 0 ? o.block_size : c.data.block_size;
+  so.max_new_tokens = o.max_new_tokens;
+  so.max_context = o.max_context > 0 ? o.max_context : context_limit(c);
+  so.budgets = o.budgets;
+  const ServedModels m{
+      &c, &target, &drafter,
+      o.build == "reference" ? StepFn(reference::drafter_step) : StepFn(optimized::drafter_step)};
+  fmt::print("eval: {} (step {}), target {}, {} prompts, {} new tokens each, context limit {}\n",
+             dir, ck.state.step, c.target.source == "hf" ? c.target.path : "fixture",
+             prompts.size(), o.max_new_tokens, so.max_context);
+  const ServedReport rep = served_eval(m, prompts, so);
+  fmt::print("{}", rep.text());
+  if (!o.json.empty()) {
+    nlohmann::json j = rep.to_json();
+    j["checkpoint"] = dir, j["step"] = ck.state.step;
+    safetensors::write_file_atomic(o.json, j.dump(2) + "\n");
+  }
+  return rep.block.mismatched_prompts == 0 ? 0 : 1;
+}
+
+}  // namespace dflash::train
