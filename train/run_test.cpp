@@ -285,6 +285,24 @@ TEST(DefaultRun, HeldOutTauRises) {
   EXPECT_GE(e["trees"][1]["acceptance"].get<double>(), e["block"]["acceptance"].get<double>());
   EXPECT_GT(e["tau"].get<double>(), 1.0);
   EXPECT_GT(e["speedup"].get<double>(), 0.0);
+  // Refusals through the command: a prompt over the context limit, and a
+  // checkpoint whose config.json disagrees with the target.
+  const Shell longp = sh(dflash() + " eval " + (tmp / "run") + " --num-prompts 1 --max-context 10");
+  EXPECT_NE(longp.code, 0);
+  EXPECT_NE(longp.out.find("prompt 0: the prompt has 32 tokens, more than the context limit 10"),
+            std::string::npos)
+      << longp.out;
+  const std::string ck = tmp / "ck";
+  fs::copy(tmp / "run/checkpoints/step-000080", ck);
+  nlohmann::json dj = nlohmann::json::parse(slurp(ck + "/config.json"));
+  dj["dflash_config"]["target_layer_ids"] = {1, 4};
+  std::ofstream(ck + "/config.json") << dj.dump();
+  const Shell bad = sh(dflash() + " eval " + ck + " --num-prompts 1");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.out.find("config.json: dflash_config.target_layer_ids: 4 is not a layer of the "
+                         "target (it has 4); not evaluating"),
+            std::string::npos)
+      << bad.out;
   const nlohmann::json samples = nlohmann::json::parse(slurp(tmp / "run/samples.json"));
   EXPECT_EQ(samples["tokenizer"], "byte");
   ASSERT_GE(samples["samples"].size(), 1u);

@@ -296,6 +296,9 @@ DecodeResult speculative_decode(const Config& c, const TargetWeights& target, Dr
   res.tokens.push_back(next);
   while (int64_t(res.tokens.size()) < allowed && next != o.stop_token) {
     const int64_t p = tc.length();  // the anchor's position: context is [0, p)
+    TORCH_CHECK(drafter.context_length() == p, "speculative decoding: the drafter's context has ",
+                drafter.context_length(), " positions, the anchor is at ", p,
+                " (SPEC step 7: exactly the positions before the anchor)");
     // The bonus token needs one place, the proposal the rest.
     const int64_t slots =
         std::min<int64_t>(o.block_size - 1, allowed - int64_t(res.tokens.size()) - 1);
