@@ -101,7 +101,7 @@ struct TrainConfig {
   int64_t keep_checkpoints = 2;
   int64_t log_every = 10;
   // Served acceptance (docs/EVAL.md): speculative decoding of held-out prompts.
-  int64_t served_eval_every = 0;    // steps; 0 = only at the end
+  int64_t served_eval_every = 0;    // steps; 0 = at the start and the end only
   int64_t served_eval_prompts = 8;  // held-out prompts decoded; 0 = no served evaluation
   int64_t served_eval_tokens = 64;  // tokens generated per prompt
   int64_t served_tree_budget = 16;  // the tree decoding's node budget beside block decoding

@@ -92,7 +92,8 @@ std::vector<ConfigRange> make_ranges() {
   v.push_back(ints("train.checkpoint_every", 0, 1'000'000'000'000, "0 = only at the end"));
   v.push_back(ints("train.keep_checkpoints", 1, 1'000'000, ""));
   v.push_back(ints("train.log_every", 1, 1'000'000'000'000, ""));
-  v.push_back(ints("train.served_eval_every", 0, 1'000'000'000'000, "0 = only at the end"));
+  v.push_back(
+      ints("train.served_eval_every", 0, 1'000'000'000'000, "0 = at the start and the end only"));
   v.push_back(ints("train.served_eval_prompts", 0, 65536, "0 = no served evaluation"));
   v.push_back(ints("train.served_eval_tokens", 1, 1'000'000, ""));
   v.push_back(ints("train.served_tree_budget", 1, 4096, ""));

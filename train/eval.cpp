@@ -25,10 +25,12 @@ namespace {
   throw std::runtime_error(fmt::format("{}: {}: {}; not evaluating", file, field, why));
 }
 
-int64_t int_field(const nlohmann::json& j, const std::string& file, const std::string& key) {
+// `prefix` names the enclosing object in messages ("dflash_config.").
+int64_t int_field(const nlohmann::json& j, const std::string& file, const std::string& key,
+                  const std::string& prefix = "") {
   if (!j.contains(key) || !j[key].is_number_integer())
     refuse(
-        file, key,
+        file, prefix + key,
         fmt::format("expected an integer, found {}", j.contains(key) ? j[key].dump() : "nothing"));
   return j[key].get<int64_t>();
 }
@@ -98,7 +100,7 @@ void check_drafter_config(const nlohmann::json& d, const std::string& file, cons
   if (!d.contains("dflash_config") || !d["dflash_config"].is_object())
     refuse(file, "dflash_config", "missing (mask_token_id, target_layer_ids)");
   const nlohmann::json& df = d["dflash_config"];
-  const int64_t mask = int_field(df, file, "mask_token_id");
+  const int64_t mask = int_field(df, file, "mask_token_id", "dflash_config.");
   if (mask < 0 || mask >= t.vocab_size)
     refuse(file, "dflash_config.mask_token_id",
            fmt::format("{} is outside the target's vocabulary [0, {})", mask, t.vocab_size));
@@ -125,7 +127,7 @@ void check_drafter_config(const nlohmann::json& d, const std::string& file, cons
 }
 
 std::vector<std::vector<int64_t>> read_prompt_file(const std::string& path, bool byte_text,
-                                                   int64_t V) {
+                                                   int64_t V, std::vector<std::string>* where_out) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw std::runtime_error(path + ": cannot open the prompt file");
   const bool jsonl = fs::path(path).extension() == ".jsonl";
@@ -140,6 +142,7 @@ std::vector<std::vector<int64_t>> read_prompt_file(const std::string& path, bool
       if (!j.is_object()) throw std::runtime_error(where + ": not a JSON object");
       if (j.contains("ids")) {
         out.push_back(ids_of_json(j["ids"], where, V));
+        if (where_out) where_out->push_back(where);
         continue;
       }
       if (!j.contains("text") || !j["text"].is_string())
@@ -154,6 +157,7 @@ std::vector<std::vector<int64_t>> read_prompt_file(const std::string& path, bool
     if (const int64_t bad = first_invalid_utf8(text); bad >= 0)
       throw std::runtime_error(fmt::format("{}: invalid UTF-8 at byte {}", where, bad));
     out.push_back(ByteTokenizer::encode(text));
+    if (where_out) where_out->push_back(where);
   }
   if (out.empty()) throw std::runtime_error(path + ": no prompts");
   return out;
@@ -171,7 +175,12 @@ int run_eval(const EvalOptions& o) {
       c.data.byte_text() || (c.target.source == "hf" && has_byte_tokenizer(c.target.path));
   std::vector<std::vector<int64_t>> prompts;
   if (!o.prompts.empty()) {
-    prompts = read_prompt_file(o.prompts, byte_text, c.target.vocab_size);
+    std::vector<std::string> where;
+    prompts = read_prompt_file(o.prompts, byte_text, c.target.vocab_size, &where);
+    // Checked here so that a refusal names the file and line.
+    const DecodeOptions d{o.block_size > 0 ? o.block_size : c.data.block_size, o.max_new_tokens,
+                          o.max_context > 0 ? o.max_context : context_limit(c)};
+    for (size_t i = 0; i < prompts.size(); ++i) check_decode_inputs(c, prompts[i], d, where[i]);
   } else {
     const DataSplit data = load_data(c, &target);
     prompts = served_prompts(c, data.eval, o.num_prompts);
@@ -194,7 +203,7 @@ int run_eval(const EvalOptions& o) {
     j["checkpoint"] = dir, j["step"] = ck.state.step;
     safetensors::write_file_atomic(o.json, j.dump(2) + "\n");
   }
-  return rep.block.mismatched_prompts == 0 ? 0 : 1;
+  return rep.mismatches() == 0 ? 0 : 1;
 }
 
 }  // namespace dflash::train

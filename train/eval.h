@@ -42,7 +42,9 @@ void check_drafter_config(const nlohmann::json& drafter, const std::string& file
 // Prompts from a file: `.jsonl` lines of {"text": ...} or {"ids": [...]},
 // otherwise one UTF-8 text prompt per non-empty line. Text needs a byte
 // tokenizer (`byte_text`); errors name the file and line.
+// `where`, when given, receives "FILE:LINE" of each prompt.
 std::vector<std::vector<int64_t>> read_prompt_file(const std::string& path, bool byte_text,
-                                                   int64_t vocab_size);
+                                                   int64_t vocab_size,
+                                                   std::vector<std::string>* where = nullptr);
 
 }  // namespace dflash::train

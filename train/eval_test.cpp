@@ -56,6 +56,11 @@ TEST(Eval, DrafterConfigDisagreeingWithTheTargetIsRefusedNamingTheField) {
                 .find("block_size: the drafter was trained with blocks "
                       "of 4; --block-size 5"),
             std::string::npos);
+  nlohmann::json no_mask = good;
+  no_mask["dflash_config"].erase("mask_token_id");
+  EXPECT_NE(refusal(no_mask, c.target, "")
+                .find("CK/config.json: dflash_config.mask_token_id: expected an integer"),
+            std::string::npos);
   nlohmann::json no_df = good;
   no_df.erase("dflash_config");
   EXPECT_NE(refusal(no_df, c.target, "").find("dflash_config: missing"), std::string::npos);
@@ -114,8 +119,9 @@ TEST(Eval, PromptFilesAreReadOrRefusedNamingTheLine) {
             std::string::npos);
 }
 
-// The report's counts are consistent and the tree never loses to the chain
-// on average; budget 1 is the block figure exactly.
+// The report's counts are consistent, with and without a stop token (a
+// round that accepts it commits no bonus token); budget 1 is the block
+// figure exactly.
 TEST(Eval, ServedReportCountsAddUp) {
   Config c = testing::small_config();
   const TargetWeights t = fixtures::make_target(c);
@@ -138,6 +144,28 @@ TEST(Eval, ServedReportCountsAddUp) {
   EXPECT_GE(r.trees[1].nodes, r.trees[0].nodes);
   EXPECT_EQ(r.tau_accuracy.size(), 4u);
   EXPECT_NE(r.text().find("served acceptance (block 4)"), std::string::npos);
+}
+
+// Hand-computed: rounds accepting 2, 0 and 3 of 3 proposals, then one
+// shortened round, the third round accepting the stop token (no bonus).
+TEST(Eval, ServedCountsByHand) {
+  DecodeResult r;
+  r.accepted = {2, 0, 3}, r.slots = {3, 3, 3}, r.nodes = {3, 3, 3};
+  r.tokens.resize(8), r.target_forwards = 4, r.stopped = true;
+  ServedRun run;
+  add_decode(run, r, 4);
+  EXPECT_EQ(run.full_rounds, 3);
+  EXPECT_EQ(run.committed, 3 + 1 + 3);
+  EXPECT_EQ(run.histogram, (std::vector<int64_t>{1, 0, 2, 0}));
+  EXPECT_EQ(run.reached, (std::vector<int64_t>{2, 2, 1}));
+  EXPECT_DOUBLE_EQ(run.acceptance(), 7.0 / 3.0);
+  r.accepted.push_back(1), r.slots.push_back(2), r.nodes.push_back(2), r.stopped = false;
+  ServedRun run2;
+  add_decode(run2, r, 4);
+  EXPECT_EQ(run2.full_rounds, 3);
+  EXPECT_EQ(run2.committed, 3 + 1 + 4);  // the short round is left out, the stop is not last
+  EXPECT_EQ(run2.rounds, 4);
+  EXPECT_EQ(run2.nodes, 11);
 }
 
 }  // namespace

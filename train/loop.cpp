@@ -131,16 +131,15 @@ void served_evaluate(Run& r) {
       r.st.step, r.served, tc.served_tree_budget, r.served_tree, rep.tau, prompts.size(),
       tc.served_eval_tokens);
   nlohmann::json j = rep.to_json();
-  append_metrics(
-      r, {{"kind", "served"},
-          {"step", r.st.step},
-          {"acceptance", r.served},
-          {"tree_budget", tc.served_tree_budget},
-          {"tree_acceptance", r.served_tree},
-          {"tau_same_texts", rep.tau},
-          {"histogram", j["block"]["histogram"]},
-          {"acceptance_by_position", j["block"]["acceptance_by_position"]},
-          {"mismatched_prompts", rep.block.mismatched_prompts + rep.trees[0].mismatched_prompts}});
+  append_metrics(r, {{"kind", "served"},
+                     {"step", r.st.step},
+                     {"acceptance", r.served},
+                     {"tree_budget", tc.served_tree_budget},
+                     {"tree_acceptance", r.served_tree},
+                     {"tau_same_texts", rep.tau},
+                     {"histogram", j["block"]["histogram"]},
+                     {"acceptance_by_position", j["block"]["acceptance_by_position"]},
+                     {"mismatched_prompts", rep.mismatches()}});
 }
 
 bool has_eval(const Run& r) {

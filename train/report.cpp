@@ -262,7 +262,8 @@ std::string write_report(const std::string& run_dir) {
                      c.etau.points.back().second, c.etau.points.back().first);
   if (!c.served.points.empty())
     o << fmt::format(
-        "<p>served acceptance (tokens per target forward, block speculative decoding): {:.3f} "
+        "<p>served acceptance (tokens committed per verification round, block speculative "
+        "decoding): {:.3f} "
         "at step {:g} &rarr; {:.3f} at step {:g}; {}: {:.3f}</p>\n",
         c.served.points.front().second, c.served.points.front().first,
         c.served.points.back().second, c.served.points.back().first, c.stree.name,

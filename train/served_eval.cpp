@@ -7,9 +7,7 @@
 #include <cmath>
 
 namespace dflash::train {
-namespace {
-
-void add_result(ServedRun& run, const DecodeResult& r, int64_t bs) {
+void add_decode(ServedRun& run, const DecodeResult& r, int64_t bs) {
   run.tokens += int64_t(r.tokens.size());
   run.rounds += int64_t(r.accepted.size());
   run.target_forwards += r.target_forwards;
@@ -20,11 +18,15 @@ void add_result(ServedRun& run, const DecodeResult& r, int64_t bs) {
     run.nodes += r.nodes[i];
     if (r.slots[i] != bs - 1) continue;  // a shortened last round
     ++run.full_rounds;
-    run.committed += r.accepted[i] + 1;
-    ++run.histogram[size_t(r.accepted[i])];
+    const bool bonus = !(r.stopped && i + 1 == r.accepted.size());  // a stop ends without one
+    const int64_t n = r.accepted[i] + (bonus ? 1 : 0);              // committed, >= 1
+    run.committed += n;
+    ++run.histogram[size_t(n - 1)];
     for (int64_t k = 0; k < r.accepted[i]; ++k) ++run.reached[size_t(k)];
   }
 }
+
+namespace {
 
 // SPEC step 10 on the served texts: every generated position with a next
 // generated token is an anchor (keep = true), the labels are the target's
@@ -80,6 +82,12 @@ nlohmann::json ServedRun::to_json() const {
           {"mismatched_prompts", mismatched_prompts}};
 }
 
+int64_t ServedReport::mismatches() const {
+  int64_t n = block.mismatched_prompts;
+  for (const ServedRun& t : trees) n += t.mismatched_prompts;
+  return n;
+}
+
 nlohmann::json ServedReport::to_json() const {
   nlohmann::json t = nlohmann::json::array();
   for (const ServedRun& r : trees) t.push_back(r.to_json());
@@ -100,8 +108,8 @@ nlohmann::json ServedReport::to_json() const {
 
 std::string ServedReport::text() const {
   std::string s = fmt::format(
-      "served acceptance (block {}): {:.3f} tokens per target forward over {} rounds of {} "
-      "prompts (teacher-forced tau on the same texts: {:.3f})\n",
+      "served acceptance (block {}): {:.3f} tokens committed per verification round over {} "
+      "rounds of {} prompts (teacher-forced tau on the same texts: {:.3f})\n",
       block_size, block.acceptance(), block.full_rounds, prompts, tau);
   std::vector<std::string> hist, pos;
   for (size_t j = 0; j < block.histogram.size(); ++j)
@@ -127,9 +135,11 @@ std::string ServedReport::text() const {
       s += fmt::format("  tree budget {:>3}: {:.0f} tok/s ({:.2f}x)\n", t.budget,
                        double(t.tokens) / t.total_s, greedy_s / t.total_s);
   }
-  if (block.mismatched_prompts > 0)
-    s += fmt::format("  WARNING: {} prompts decoded differently from plain greedy\n",
-                     block.mismatched_prompts);
+  if (mismatches() > 0)
+    s += fmt::format(
+        "  WARNING: {} decodings differ from plain greedy (block: against greedy; trees: against "
+        "block): not lossless\n",
+        mismatches());
   return s;
 }
 
@@ -167,12 +177,12 @@ ServedReport served_eval(const ServedModels& m, const std::vector<std::vector<in
   int64_t accept_sum = 0, kept = 0;
   std::vector<int64_t> correct(size_t(bs), 0), counted(size_t(bs), 0);
   for (size_t i = 0; i < prompts.size(); ++i) {
-    const std::string what = fmt::format("prompt {}", i);
+    const std::string what = fmt::format("held-out prompt {}", i);
     check_decode_inputs(c, prompts[i], d, what);
     d.tree_budget = 0;
     DFlashDrafter block_drafter(c, *m.drafter, m.target->frozen(), bs);
     const DecodeResult block = speculative_decode(c, *m.target, block_drafter, prompts[i], d);
-    add_result(rep.block, block, bs);
+    add_decode(rep.block, block, bs);
     if (o.plain_greedy) {
       const DecodeResult g = greedy_decode(c, *m.target, prompts[i], d);
       rep.greedy_tokens += int64_t(g.tokens.size()), rep.greedy_s += g.total_s;
@@ -182,7 +192,7 @@ ServedReport served_eval(const ServedModels& m, const std::vector<std::vector<in
       d.tree_budget = t.budget;
       DFlashDrafter tree_drafter(c, *m.drafter, m.target->frozen(), bs);
       const DecodeResult r = speculative_decode(c, *m.target, tree_drafter, prompts[i], d);
-      add_result(t, r, bs);
+      add_decode(t, r, bs);
       t.mismatched_prompts += r.tokens != block.tokens;
     }
     if (block.tokens.size() < 2) continue;

@@ -38,6 +38,9 @@ struct ServedRun {
   nlohmann::json to_json() const;
 };
 
+// Adds one prompt's decoding (served with blocks of `block_size`) to `run`.
+void add_decode(ServedRun& run, const DecodeResult& r, int64_t block_size);
+
 struct ServedReport {
   int64_t prompts = 0, block_size = 0;
   ServedRun block;
@@ -47,7 +50,8 @@ struct ServedReport {
   double tau = 1;                    // teacher-forced, same drafter, same prompts' greedy texts
   std::vector<double> tau_accuracy;  // per slot
   nlohmann::json to_json() const;
-  std::string text() const;  // the printed summary
+  std::string text() const;    // the printed summary
+  int64_t mismatches() const;  // block and tree decodings that were not lossless (must be 0)
 };
 
 // What the served eval needs of a run.

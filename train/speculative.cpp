@@ -78,7 +78,8 @@ TargetCache::Out TargetCache::forward(const at::Tensor& tokens, const at::Tensor
     for (size_t t = 0; t < taps.size(); ++t)
       if (c_.drafter.target_layer_ids[t] == int64_t(l)) taps[t] = x.squeeze(0);
   }
-  at::Tensor logits = project(rms_norm(x, w_.norm, eps), w_.lm_head).squeeze(0).to(at::kFloat);
+  const at::ScalarType acc = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  at::Tensor logits = project(rms_norm(x, w_.norm, eps), w_.lm_head).squeeze(0).to(acc);
   if (banned_ >= 0) logits.select(1, banned_).fill_(-INFINITY);  // (T, V)
   return {logits.argmax(1).cpu(), taps.empty() ? at::Tensor() : at::cat(taps, -1)};
 }
@@ -321,7 +322,10 @@ DecodeResult speculative_decode(const Config& c, const TargetWeights& target, Dr
     res.accepted.push_back(int64_t(path.size()));
     res.slots.push_back(slots);
     res.nodes.push_back(tree.size());
-    if (!path.empty() && tree.token[size_t(path.back())] == o.stop_token) break;
+    if (!path.empty() && tree.token[size_t(path.back())] == o.stop_token) {
+      res.stopped = true;
+      break;
+    }
     next = out.choice[rows.back()].item<int64_t>();  // the target's own next token
     res.tokens.push_back(next);
     t1 = now();

@@ -107,6 +107,7 @@ struct DecodeResult {
   std::vector<int64_t> accepted;  // per round: proposed tokens accepted (0 .. slots)
   std::vector<int64_t> slots;     // per round: proposal depth (bs - 1 unless near the end)
   std::vector<int64_t> nodes;     // per round: draft nodes verified
+  bool stopped = false;           // the last round accepted the stop token (no bonus token)
   int64_t target_forwards = 0;    // prefill included
   double target_s = 0, drafter_s = 0, total_s = 0;
 };

@@ -92,7 +92,7 @@ class OracleDrafter : public Drafter {
     for (int64_t j = 0; j < slots; ++j)
       for (int64_t v = 0; v < V_; ++v) logits[j][v] = rng.uniform();
     int64_t agree = 0;
-    bool leading = true;
+    bool leading = true, recoverable = false;
     for (int64_t j = 1; j <= slots; ++j) {
       const int64_t i = length_ + j - P_;  // index into truth of position anchor + j
       const int64_t want = i < int64_t(truth_.size()) ? truth_[size_t(i)] : -1;
@@ -100,14 +100,19 @@ class OracleDrafter : public Drafter {
       if (j == bad && prop == want) prop = (want + 1) % V_;
       logits[j - 1][prop] += 10.0;
       if (j == bad && want >= 0 && second_ > 0) logits[j - 1][want] += 5.0;
+      recoverable = recoverable || (j == bad && leading && want >= 0 && second_ > 0);
       leading = leading && want >= 0 && prop == want;
       agree += leading;
       leading = leading && want != stop_;
     }
     expected_.push_back(agree);
+    recoverable_.push_back(recoverable);
     return at::log_softmax(logits, -1);
   }
   const std::vector<int64_t>& expected_accepts() const { return expected_; }
+  // Per proposal: the error slot follows an agreeing prefix and ranks the
+  // true token second, so a tree holding that sibling accepts one more.
+  const std::vector<bool>& recoverable() const { return recoverable_; }
 
  private:
   std::vector<int64_t> truth_;
@@ -117,6 +122,26 @@ class OracleDrafter : public Drafter {
   int64_t stop_;
   int64_t length_ = 0;
   std::vector<int64_t> expected_;
+  std::vector<bool> recoverable_;
+};
+
+// Records the target states a decoder hands its drafter, in order.
+class RecordingDrafter : public Drafter {
+ public:
+  explicit RecordingDrafter(Drafter& inner) : inner_(inner) {}
+  void extend(const at::Tensor& taps) override {
+    taps_.push_back(taps.clone());
+    inner_.extend(taps);
+  }
+  at::Tensor propose(int64_t anchor, int64_t slots) override {
+    return inner_.propose(anchor, slots);
+  }
+  int64_t context_length() const override { return inner_.context_length(); }
+  at::Tensor taps() const { return taps_.empty() ? at::Tensor() : at::cat(taps_, 0); }
+
+ private:
+  Drafter& inner_;
+  std::vector<at::Tensor> taps_;
 };
 
 // Accepted counts of the rounds that asked the drafter (slots > 0).
