@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "optimized/target.h"
+
 namespace dflash::train {
 void add_decode(ServedRun& run, const DecodeResult& r, int64_t bs) {
   run.tokens += int64_t(r.tokens.size());
@@ -42,9 +44,8 @@ StepOutputs teacher_forced(const ServedModels& m, const Config& c, int64_t bs,
   StepInputs in;
   in.input_ids = at::tensor(ids, at::kLong).unsqueeze(0).to(dev);  // (1, S)
   in.loss_mask = (at::arange(S, at::kLong) >= P).unsqueeze(0).to(dev);
-  TargetCache tc(c, *m.target, -1);
-  in.features = tc.forward(in.input_ids[0], at::arange(S, at::kLong), {}).taps.unsqueeze(0);
-  in.target_hidden = at::zeros({1, S, c.target.shape.hidden_size}, in.features.options());
+  const reference::TargetOutputs t = optimized::target_forward(c, *m.target, in.input_ids);
+  in.features = t.features, in.target_hidden = t.final_hidden;  // as the training loop's inputs
   const int64_t N = int64_t(anchors.size());
   in.anchors = {at::tensor(anchors, at::kLong).unsqueeze(0).to(dev),
                 at::ones({1, N}, at::kBool).to(dev)};  // (1, N)

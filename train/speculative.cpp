@@ -48,7 +48,7 @@ TargetCache::TargetCache(const Config& c, const TargetWeights& w, int64_t banned
     : c_(c), w_(w), banned_(banned), k_(w.layers.size()), v_(w.layers.size()) {}
 
 TargetCache::Out TargetCache::forward(const at::Tensor& tokens, const at::Tensor& positions,
-                                      const at::Tensor& visible) {
+                                      const at::Tensor& visible, int64_t choices_from) {
   at::NoGradGuard ng;
   const LayerShape& s = c_.target.shape;
   const int64_t T = tokens.size(0), hd = s.head_dim;
@@ -79,8 +79,9 @@ TargetCache::Out TargetCache::forward(const at::Tensor& tokens, const at::Tensor
       if (c_.drafter.target_layer_ids[t] == int64_t(l)) taps[t] = x.squeeze(0);
   }
   const at::ScalarType acc = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  at::Tensor logits = project(rms_norm(x, w_.norm, eps), w_.lm_head).squeeze(0).to(acc);
-  if (banned_ >= 0) logits.select(1, banned_).fill_(-INFINITY);  // (T, V)
+  const at::Tensor last = x.squeeze(0).narrow(0, choices_from, T - choices_from);
+  at::Tensor logits = project(rms_norm(last, w_.norm, eps), w_.lm_head).to(acc);
+  if (banned_ >= 0) logits.select(1, banned_).fill_(-INFINITY);  // (T - choices_from, V)
   return {logits.argmax(1).cpu(), taps.empty() ? at::Tensor() : at::cat(taps, -1)};
 }
 
@@ -217,7 +218,8 @@ int64_t allowed_tokens(const std::vector<int64_t>& prompt, const DecodeOptions& 
 TargetCache::Out prefill(TargetCache& tc, const std::vector<int64_t>& prompt, DecodeResult& res) {
   const double t0 = now();
   const int64_t P = int64_t(prompt.size());
-  TargetCache::Out out = tc.forward(at::tensor(prompt, at::kLong), at::arange(P, at::kLong), {});
+  TargetCache::Out out =
+      tc.forward(at::tensor(prompt, at::kLong), at::arange(P, at::kLong), {}, P - 1);
   tc.commit(iota_rows(P));
   res.target_forwards = 1;
   res.target_s += now() - t0;

@@ -30,13 +30,16 @@ class TargetCache {
   // `banned` (-1: none) is never a greedy choice (the mask id).
   TargetCache(const Config& c, const TargetWeights& w, int64_t banned);
   struct Out {
-    at::Tensor choice;  // (T) int64: greedy next token after each new position
+    at::Tensor choice;  // (T - choices_from) int64: greedy next token after new positions
     at::Tensor taps;    // (T, L*H): the tapped layers' outputs at the new positions
   };
   // Runs `tokens` (T) at `positions` (T) after the committed ones. A new
   // position sees every committed one plus the new ones `visible` (T, T)
   // bool marks (undefined: causal). Their keys stay pending until commit.
-  Out forward(const at::Tensor& tokens, const at::Tensor& positions, const at::Tensor& visible);
+  // Only rows [choices_from, T) go through the LM head (a prefill needs the
+  // last one: no (T, V) logits for a long prompt).
+  Out forward(const at::Tensor& tokens, const at::Tensor& positions, const at::Tensor& visible,
+              int64_t choices_from = 0);
   // Keeps the pending positions `rows` (indices into the last forward's T,
   // in order) after the committed ones and drops the rest.
   void commit(const std::vector<int64_t>& rows);
