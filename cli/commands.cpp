@@ -48,6 +48,9 @@ void print_step_table(const Config& c, const StepInputs& in, const StepResult& r
   fmt::print("  {:<12} {:>16.8f}\n", "loss", r.out.loss.item<double>());
   fmt::print("  {:<12} {:>16.8f}\n", "ce", r.out.ce.item<double>());
   fmt::print("  {:<12} {:>16.8f}\n", "kl", r.out.kl.item<double>());
+  fmt::print("  {:<12} {:>16.8f}\n", "reverse_kl", r.out.reverse_kl.item<double>());
+  fmt::print("  {:<12} {:>16.8f}\n", "jsd", r.out.jsd.item<double>());
+  fmt::print("  {:<12} {:>16.8f}\n", "tv", r.out.tv.item<double>());
   fmt::print("  {:<12} {:>16.6f}\n", "tau", r.out.tau());
   fmt::print("  {:<12} {:>16.8e}\n", "grad norm", r.grad_norm);
   fmt::print("  {:<12} {:>16.3f}\n\n", "seconds", secs);

@@ -16,6 +16,18 @@
 
 namespace dflash {
 
+const char* weighting_name(Weighting w) {
+  switch (w) {
+    case Weighting::kDecay:
+      return "decay";
+    case Weighting::kDpace:
+      return "dpace";
+    case Weighting::kUniform:
+      return "uniform";
+  }
+  return "?";
+}
+
 const char* dtype_name(DType d) {
   switch (d) {
     case DType::kFloat32:
@@ -212,6 +224,14 @@ DType parse_dtype(const std::string& s, const std::string& label) {
       "{}: run.dtype: expected \"float32\", \"float64\" or \"bfloat16\", found \"{}\"", label, s));
 }
 
+Weighting parse_weighting(const std::string& s, const std::string& label) {
+  for (Weighting w : {Weighting::kDecay, Weighting::kDpace, Weighting::kUniform})
+    if (s == weighting_name(w)) return w;
+  throw ConfigError(fmt::format(
+      "{}: loss.weighting: expected \"decay\", \"dpace\" or \"uniform\", found \"{}\"", label,
+      s));
+}
+
 void check_sections(const toml::table& root, const std::string& label) {
   static const std::set<std::string> kSections = {"target", "drafter",   "data",     "loss",
                                                   "run",    "optimized", "topology", "train"};
@@ -342,6 +362,12 @@ void read_loss_run_optimized(Section l, Section r, Section o, Config& c, const s
   c.loss.temperature = l.number("temperature", 1.0);
   c.loss.gamma = l.number("gamma", 0.0);
   c.loss.chunk_size = l.integer("chunk_size", 0);
+  c.loss.reverse_kl_weight = l.number("reverse_kl_weight", 0.0);
+  c.loss.jsd_weight = l.number("jsd_weight", 0.0);
+  c.loss.jsd_beta = l.number("jsd_beta", 0.5);
+  c.loss.tv_weight = l.number("tv_weight", 0.0);
+  c.loss.weighting = parse_weighting(l.string("weighting", "decay"), label);
+  c.loss.dpace_alpha = l.number("dpace_alpha", 0.5);
   l.reject_unknown();
   const int64_t seed = r.integer("seed", 0);
   if (seed < 0)

@@ -108,12 +108,31 @@ struct TrainConfig {
   std::string out_dir;              // "" = runs/<config file stem>
 };
 
+// How the loss weight of slot k is chosen (docs/LOSSES.md): decay
+// exp(-(k-1)/gamma) (SPEC step 8), D-PACE (acceptance-aware, detached, from
+// the drafter's own confidence; arXiv 2605.18810) or uniform.
+enum class Weighting { kDecay, kDpace, kUniform };
+const char* weighting_name(Weighting w);
+
+// The objectives (docs/LOSSES.md), each with its weight, summed. p_s and
+// p_t are the student's and the teacher's distributions at temperature T.
 struct LossConfig {
-  double ce_weight = 1.0;
-  double kl_weight = 0.0;
-  double temperature = 1.0;  // T > 0, on both sides of the KL, no T^2
-  double gamma = 0.0;        // decay exp(-(k-1)/gamma); 0 = no decay
+  double ce_weight = 1.0;    // CE against the hard label (T = 1)
+  double kl_weight = 0.0;    // forward KL(p_t || p_s)
+  double temperature = 1.0;  // T > 0, on both sides of every distillation term, no T^2
+  double gamma = 0.0;        // decay exp(-(k-1)/gamma); 0 = no decay (weighting "decay" only)
   int64_t chunk_size = 0;    // loss chunk (positions); 0 = whole Q
+  double reverse_kl_weight = 0.0;  // reverse KL(p_s || p_t)
+  double jsd_weight = 0.0;         // generalized JSD with jsd_beta (TRL's convention)
+  double jsd_beta = 0.5;           // mixture m = beta p_t + (1-beta) p_s; 0: forward KL, 1: reverse
+  double tv_weight = 0.0;          // total variation 1/2 sum |p_s - p_t|
+  Weighting weighting = Weighting::kDecay;
+  double dpace_alpha = 0.5;  // D-PACE smoothing (1-alpha) q + alpha, in (0, 1]
+
+  // Any objective that needs the teacher's distribution.
+  bool uses_teacher() const {
+    return kl_weight != 0 || reverse_kl_weight != 0 || jsd_weight != 0 || tv_weight != 0;
+  }
 };
 
 struct RunConfig {

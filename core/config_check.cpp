@@ -69,6 +69,11 @@ std::vector<ConfigRange> make_ranges() {
   v.push_back(reals("loss.temperature", 0, 1e4, true, false, "T"));
   v.push_back(reals("loss.gamma", 0, 1e6, false, false, "0 = no decay"));
   v.push_back(ints("loss.chunk_size", 0, 1 << 22, "0 = whole Q"));
+  v.push_back(reals("loss.reverse_kl_weight", 0, 1e6, false, false, ""));
+  v.push_back(reals("loss.jsd_weight", 0, 1e6, false, false, ""));
+  v.push_back(reals("loss.jsd_beta", 0, 1, false, false, "0 = forward KL, 1 = reverse KL"));
+  v.push_back(reals("loss.tv_weight", 0, 1e6, false, false, ""));
+  v.push_back(reals("loss.dpace_alpha", 0, 1, true, false, "weighting = \"dpace\" only"));
   v.push_back(ints("run.threads", 0, 4096, "0 = OMP_NUM_THREADS or the cores"));
   v.push_back(ints("optimized.attention_tile", 1, 1 << 20, "key tile"));
   v.push_back(ints("optimized.target_query_chunk", 0, 1 << 22, "0 = dense"));
@@ -266,6 +271,38 @@ void check_text_data(const Checker& ck, const Config& c) {
             std::to_string(d.mask_token_id));
 }
 
+// The objectives and their weighting (docs/LOSSES.md). A key that only one
+// weighting reads is an error under another, never silently ignored.
+void check_loss(const Checker& ck, const LossConfig& l) {
+  for (const auto& [key, v] :
+       {std::pair<const char*, double>{"loss.ce_weight", l.ce_weight},
+        {"loss.kl_weight", l.kl_weight},
+        {"loss.reverse_kl_weight", l.reverse_kl_weight},
+        {"loss.jsd_weight", l.jsd_weight},
+        {"loss.tv_weight", l.tv_weight}})
+    ck.in_range(key, v);
+  if (l.ce_weight == 0 && !l.uses_teacher())
+    ck.fail("loss.ce_weight",
+            "ce_weight, kl_weight, reverse_kl_weight, jsd_weight or tv_weight > 0 (the loss would "
+            "be identically 0)",
+            "all 0");
+  ck.in_range("loss.jsd_beta", l.jsd_beta);
+  ck.in_range("loss.temperature", l.temperature);
+  ck.in_range("loss.gamma", l.gamma);
+  ck.in_range("loss.chunk_size", l.chunk_size);
+  ck.in_range("loss.dpace_alpha", l.dpace_alpha);
+  if (l.weighting != Weighting::kDecay && l.gamma != 0)
+    ck.fail("loss.gamma",
+            fmt::format("0 with weighting = \"{}\" (gamma is the decay of weighting = \"decay\")",
+                        weighting_name(l.weighting)),
+            fmt::format("{}", l.gamma));
+  if (l.weighting != Weighting::kDpace && l.dpace_alpha != 0.5)
+    ck.fail("loss.dpace_alpha",
+            fmt::format("unset with weighting = \"{}\" (it is read by weighting = \"dpace\")",
+                        weighting_name(l.weighting)),
+            fmt::format("{}", l.dpace_alpha));
+}
+
 void check_data_loss_run(const Checker& ck, const Config& c) {
   const auto& d = c.data;
   ck.one_of("data.source", d.source,
@@ -301,14 +338,7 @@ void check_data_loss_run(const Checker& ck, const Config& c) {
   check_inline_rows(ck, c);
 
   const auto& l = c.loss;
-  ck.in_range("loss.ce_weight", l.ce_weight);
-  ck.in_range("loss.kl_weight", l.kl_weight);
-  if (l.ce_weight == 0 && l.kl_weight == 0)
-    ck.fail("loss.ce_weight", "ce_weight or kl_weight > 0 (the loss would be identically 0)",
-            "both 0");
-  ck.in_range("loss.temperature", l.temperature);
-  ck.in_range("loss.gamma", l.gamma);
-  ck.in_range("loss.chunk_size", l.chunk_size);
+  check_loss(ck, c.loss);
 
   ck.in_range("run.threads", c.run.threads);
   ck.in_range("optimized.attention_tile", c.optimized.attention_tile);
@@ -486,7 +516,13 @@ nlohmann::json config_to_json(const Config& c) {
                {"kl_weight", c.loss.kl_weight},
                {"temperature", c.loss.temperature},
                {"gamma", c.loss.gamma},
-               {"chunk_size", c.loss.chunk_size}};
+               {"chunk_size", c.loss.chunk_size},
+               {"reverse_kl_weight", c.loss.reverse_kl_weight},
+               {"jsd_weight", c.loss.jsd_weight},
+               {"jsd_beta", c.loss.jsd_beta},
+               {"tv_weight", c.loss.tv_weight},
+               {"weighting", weighting_name(c.loss.weighting)},
+               {"dpace_alpha", c.loss.dpace_alpha}};
   j["run"] = {{"seed", c.run.seed}, {"dtype", dtype_name(c.run.dtype)}, {"threads", c.run.threads}};
   j["optimized"] = {{"chunked_loss", c.optimized.chunked_loss},
                     {"sparse_attention", c.optimized.sparse_attention},

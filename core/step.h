@@ -24,12 +24,16 @@ struct StepInputs {
 // Sums are kept beside the ratios so that data parallelism can add numerators
 // and denominators over micro-batches and ranks before dividing (SPEC step 9).
 struct StepOutputs {
-  at::Tensor loss;            // () differentiable: ce_weight*ce + kl_weight*kl
+  at::Tensor loss;            // () differentiable: sum over objectives of weight * term
   at::Tensor ce;              // () detached, sum(w*CE) / sum(w)
   at::Tensor kl;              // () detached, sum(w*KL) / sum(w); 0 when kl_weight == 0
   at::Tensor ce_sum;          // () detached, sum(w*CE)
   at::Tensor kl_sum;          // () detached, sum(w*KL)
-  at::Tensor weight_sum;      // () detached, sum(w)
+  // The other objectives (docs/LOSSES.md), as kl: 0 when their weight is 0.
+  at::Tensor reverse_kl, reverse_kl_sum;  // () detached, KL(p_s || p_t)
+  at::Tensor jsd, jsd_sum;                // () detached, JSD_beta
+  at::Tensor tv, tv_sum;                  // () detached, total variation
+  at::Tensor weight_sum;      // () detached, sum(w) (D-PACE: of the detached dynamic weights)
   at::Tensor correct;         // (bs) int64, counted slots with argmax == label
   at::Tensor counted;         // (bs) int64, slots with w > 0 before decay
   at::Tensor accept_sum;      // () int64, sum over kept blocks of accepted length

@@ -8,6 +8,7 @@
 #include <optional>
 #include <sstream>
 
+#include "harness/generators.h"
 #include "harness/parity.h"
 #include "harness/properties.h"
 #include "reference/layers.h"
@@ -59,10 +60,7 @@ rc::Gen<LossCase> gen_loss_case() {
                         // 2 or 3: a few counted rows leave a ragged last chunk
                         rc::gen::inRange<int64_t>(2, 4), rc::gen::inRange<int64_t>(2, Qmax + 1),
                         rc::gen::just<int64_t>(Qmax + 5));
-    c.cfg.loss.ce_weight = *rc::gen::element(0.0, 0.5, 1.0);
-    c.cfg.loss.kl_weight = c.cfg.loss.ce_weight == 0 ? 1.0 : *rc::gen::element(0.0, 0.3, 1.0);
-    c.cfg.loss.temperature = *rc::gen::element(0.5, 1.0, 1.7);
-    c.cfg.loss.gamma = *rc::gen::element(0.0, 0.7, 3.0);
+    gen_objectives(c.cfg.loss);
     c.cfg.run.dtype = *rc::gen::element(DType::kFloat64, DType::kFloat32, DType::kBFloat16);
     c.cfg.optimized.kernels = *rc::gen::element<std::string>("host", "aten");
     c.mask = gen_mask(c.B, c.S);
@@ -171,14 +169,42 @@ struct CaseReader {
   }
 };
 
+// The objectives beyond CE + KL (optional: cases written before them hold
+// neither, and mean weight 0 with the decay), checked as the config is.
+void read_objectives(const CaseReader& r, LossConfig& l) {
+  auto opt = [&](const char* key, double def, double lo, double hi) {
+    return r.t.contains(key) ? r.real(key, lo, hi) : def;
+  };
+  l.reverse_kl_weight = opt("reverse_kl_weight", 0, 0, 1e6);
+  l.jsd_weight = opt("jsd_weight", 0, 0, 1e6);
+  l.jsd_beta = opt("jsd_beta", 0.5, 0, 1);
+  l.tv_weight = opt("tv_weight", 0, 0, 1e6);
+  l.dpace_alpha = opt("dpace_alpha", 0.5, 1e-9, 1);
+  l.weighting = Weighting::kDecay;
+  if (r.t.contains("weighting")) {
+    const std::string w = r.get<std::string>("weighting");
+    bool known = false;
+    for (Weighting x : {Weighting::kDecay, Weighting::kDpace, Weighting::kUniform})
+      if (w == weighting_name(x)) l.weighting = x, known = true;
+    if (!known)
+      throw std::runtime_error(fmt::format(
+          "{}: case.weighting: expected \"decay\", \"dpace\" or \"uniform\", found \"{}\"",
+          r.label, w));
+  }
+}
+
 std::string loss_case_toml(const LossCase& c) {
   return fmt::format(
       "# one case of the parity.loss property; replay: dflash parity --reproduce FILE\n"
       "[case]\ncomponent = \"loss\"\nB = {}\nS = {}\nH = {}\nV = {}\nblock_size = {}\n"
       "max_anchors = {}\nchunk_size = {}\nce_weight = {}\nkl_weight = {}\ntemperature = {}\n"
-      "gamma = {}\ndtype = \"{}\"\nkernels = \"{}\"\nseed = {}\nupstream = {}\nloss_mask = {}\n",
+      "gamma = {}\nreverse_kl_weight = {}\njsd_weight = {}\njsd_beta = {}\ntv_weight = {}\n"
+      "weighting = \"{}\"\ndpace_alpha = {}\n"
+      "dtype = \"{}\"\nkernels = \"{}\"\nseed = {}\nupstream = {}\nloss_mask = {}\n",
       c.B, c.S, c.H, c.V, c.cfg.data.block_size, c.cfg.data.max_anchors, c.cfg.loss.chunk_size,
       c.cfg.loss.ce_weight, c.cfg.loss.kl_weight, c.cfg.loss.temperature, c.cfg.loss.gamma,
+      c.cfg.loss.reverse_kl_weight, c.cfg.loss.jsd_weight, c.cfg.loss.jsd_beta,
+      c.cfg.loss.tv_weight, weighting_name(c.cfg.loss.weighting), c.cfg.loss.dpace_alpha,
       dtype_name(c.cfg.run.dtype), c.cfg.optimized.kernels, c.seed, c.upstream, rows_toml(c.mask));
 }
 
@@ -195,6 +221,7 @@ LossCase loss_case_from(const CaseReader& r) {
   c.cfg.loss.kl_weight = r.real("kl_weight", 0, 1e6);
   c.cfg.loss.temperature = r.real("temperature", 1e-6, 1e4);
   c.cfg.loss.gamma = r.real("gamma", 0, 1e6);
+  read_objectives(r, c.cfg.loss);
   c.cfg.run.dtype = r.dtype();
   c.cfg.optimized.kernels = optimized::kernels_name(r.kernels());
   c.seed = uint64_t(r.dim("seed", 0, INT64_MAX));
@@ -247,6 +274,9 @@ std::string check_loss_case(const LossFn& candidate, const LossCase& c, std::str
            {"loss", [](const LossRun& r) { return r.out.loss; }},
            {"ce", [](const LossRun& r) { return r.out.ce; }},
            {"kl", [](const LossRun& r) { return r.out.kl; }},
+           {"reverse_kl", [](const LossRun& r) { return r.out.reverse_kl; }},
+           {"jsd", [](const LossRun& r) { return r.out.jsd; }},
+           {"tv", [](const LossRun& r) { return r.out.tv; }},
            {"grad.student_hidden", [](const LossRun& r) { return r.grad; }}}) {
     std::vector<at::Tensor> s;
     for (const LossRun& r : same) s.push_back(get(r));

@@ -50,6 +50,24 @@ std::vector<int64_t> gen_mask_row(int64_t S) {
 
 }  // namespace
 
+// The objectives and the weighting as configuration axes (docs/LOSSES.md):
+// each distillation term on about half the cases, JSD's beta at both
+// endpoints and inside, every weighting; never a loss identically 0.
+void gen_objectives(LossConfig& l) {
+  l.ce_weight = *rc::gen::element(0.0, 0.5, 1.0);
+  l.kl_weight = *rc::gen::element(0.0, 0.0, 0.25, 1.0);
+  l.reverse_kl_weight = *rc::gen::element(0.0, 0.0, 0.3, 1.0);
+  l.jsd_weight = *rc::gen::element(0.0, 0.0, 0.4, 1.0);
+  l.jsd_beta = *rc::gen::element(0.0, 0.1, 0.5, 0.9, 1.0);
+  l.tv_weight = *rc::gen::element(0.0, 0.0, 0.5, 1.0);
+  if (l.ce_weight == 0 && !l.uses_teacher()) l.kl_weight = 1.0;
+  l.temperature = *rc::gen::element(0.5, 1.0, 2.0);
+  l.weighting = *rc::gen::element(Weighting::kDecay, Weighting::kDecay, Weighting::kDpace,
+                                  Weighting::kUniform);
+  l.gamma = l.weighting == Weighting::kDecay ? *rc::gen::element(0.0, 0.5, 4.0) : 0.0;
+  l.dpace_alpha = l.weighting == Weighting::kDpace ? *rc::gen::element(0.5, 0.2, 1.0) : 0.5;
+}
+
 rc::Gen<Config> gen_micro_config() {
   return rc::gen::exec([] {
     Config c;
@@ -70,10 +88,7 @@ rc::Gen<Config> gen_micro_config() {
     c.data.block_size = *rc::gen::inRange<int64_t>(2, 6);
     c.data.max_anchors = *rc::gen::inRange<int64_t>(1, 5);
     c.data.mask_token_id = *rc::gen::inRange<int64_t>(0, c.target.vocab_size);
-    c.loss.ce_weight = *rc::gen::element(0.0, 0.5, 1.0);
-    c.loss.kl_weight = c.loss.ce_weight == 0 ? 1.0 : *rc::gen::element(0.0, 0.25, 1.0);
-    c.loss.temperature = *rc::gen::element(0.5, 1.0, 2.0);
-    c.loss.gamma = *rc::gen::element(0.0, 0.5, 4.0);
+    gen_objectives(c.loss);
     c.run.seed = *rc::gen::inRange<uint64_t>(0, 1000000);
     c.run.dtype = DType::kFloat64;
     validate_config(c);

@@ -22,6 +22,10 @@ namespace dflash::harness {
 // drafter layers, gamma, ce/kl weights, temperature, tied embeddings, seed.
 rc::Gen<Config> gen_micro_config();
 
+// Draws every objective weight, JSD's beta, the temperature and the
+// weighting (with its gamma or alpha) into `loss`, inside rc::gen::exec.
+void gen_objectives(LossConfig& loss);
+
 // gen_micro_config plus everything parity varies: chunk size (0, 1,
 // non-divisors, larger than Q), component switches and attention tile, dtype
 // (float64, float32, bfloat16; bf16 cases use drafter head_dim 8 or 16), and an inline batch whose

@@ -13,8 +13,10 @@ at::Tensor back(const at::Tensor& t) { return t.defined() ? t.to(at::kCPU) : t; 
 
 StepOutputs outputs_back(const StepOutputs& o) {
   StepOutputs h = o;
-  for (at::Tensor* t : {&h.loss, &h.ce, &h.kl, &h.ce_sum, &h.kl_sum, &h.weight_sum, &h.correct,
-                        &h.counted, &h.accept_sum, &h.kept_blocks, &h.student_hidden})
+  for (at::Tensor* t :
+       {&h.loss, &h.ce, &h.kl, &h.ce_sum, &h.kl_sum, &h.reverse_kl, &h.reverse_kl_sum, &h.jsd,
+        &h.jsd_sum, &h.tv, &h.tv_sum, &h.weight_sum, &h.correct, &h.counted, &h.accept_sum,
+        &h.kept_blocks, &h.student_hidden})
     *t = back(*t);
   return h;
 }

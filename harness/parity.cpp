@@ -141,6 +141,12 @@ ComparisonReport compare_steps(const StepResult& o, const std::vector<StepResult
       "ce", [](const StepResult& r) { return r.out.ce; }, nats);
   add(
       "kl", [](const StepResult& r) { return r.out.kl; }, nats);
+  add(
+      "reverse_kl", [](const StepResult& r) { return r.out.reverse_kl; }, nats);
+  add(
+      "jsd", [](const StepResult& r) { return r.out.jsd; }, nats);
+  add(
+      "tv", [](const StepResult& r) { return r.out.tv; }, nats);
   // The weight sum is a sum of decay factors that every build accumulates in
   // fp32 or better whatever the storage dtype: 1e-6 of it, not the dtype's floor.
   const Tolerance sums{tol.k, std::min(tol.floor_rel, 1e-6), 0.0};

@@ -199,15 +199,65 @@ Vec log_softmax(const Vec& z, double T) {
   return out;
 }
 
+// The distillation terms of one slot (docs/LOSSES.md), from the log
+// probabilities at temperature T: KL(p_t || p_s), KL(p_s || p_t), JSD_beta
+// (the two KLs at beta 0 and 1), total variation.
+struct SlotTerms {
+  double kl = 0, rkl = 0, jsd = 0, tv = 0;
+};
+
+SlotTerms slot_terms(const LossConfig& L, const Vec& lt, const Vec& ls) {
+  SlotTerms t;
+  double kl_tm = 0, kl_sm = 0;
+  const double b = L.jsd_beta;
+  for (size_t v = 0; v < lt.size(); ++v) {
+    const double pt = std::exp(lt[v]), ps = std::exp(ls[v]);
+    t.kl += pt * (lt[v] - ls[v]);
+    t.rkl += ps * (ls[v] - lt[v]);
+    t.tv += 0.5 * std::abs(ps - pt);
+    if (b > 0 && b < 1) {
+      const double a = std::log(b) + lt[v], c = std::log1p(-b) + ls[v];
+      const double lm = std::max(a, c) + std::log1p(std::exp(-std::abs(a - c)));
+      kl_tm += pt * (lt[v] - lm), kl_sm += ps * (ls[v] - lm);
+    }
+  }
+  t.jsd = b == 0 ? t.kl : b == 1 ? t.rkl : b * kl_tm + (1 - b) * kl_sm;
+  return t;
+}
+
+// D-PACE (docs/LOSSES.md) in place over w: per block, C_k = prod over
+// counted i <= k of (1-alpha) exp(-CE_i) + alpha, w_k = sum over counted
+// m >= k of C_m.
+void dpace(const Config& c, const Dims& d, const Layout& l, const Vec& ce, Vec& w) {
+  for (int64_t blk = 0; blk < d.B * d.N; ++blk) {
+    const size_t s0 = size_t(blk * d.bs);
+    Vec C(size_t(d.bs), 0.0);
+    double run = 1;
+    for (int64_t k = 0; k < d.bs; ++k)
+      if (l.counted[s0 + size_t(k)]) {
+        run *= (1 - c.loss.dpace_alpha) * std::exp(-ce[s0 + size_t(k)]) + c.loss.dpace_alpha;
+        C[size_t(k)] = run;
+      }
+    for (int64_t k = 0; k < d.bs; ++k) {
+      double sum = 0;
+      for (int64_t m = k; m < d.bs; ++m) sum += C[size_t(m)];
+      w[s0 + size_t(k)] = l.counted[s0 + size_t(k)] ? sum : 0.0;
+    }
+  }
+}
+
 // Steps 8-10 on the student hidden D (B, Q, H).
+// `fixed_w`: D-PACE weights held fixed (they are detached: the gradient
+// does not flow through them), else computed from this forward's CE.
 void loss_and_metrics(const Config& c, const OracleInputs& in, const OracleParams& p, const Dims& d,
-                      const Layout& l, OracleResult& r) {
+                      const Layout& l, OracleResult& r, const Vec* fixed_w) {
   const Vec& W = param(p, "lm_head.weight");
-  double ce_sum = 0, kl_sum = 0, wsum = 0;
+  const LossConfig& L = c.loss;
   r.correct.assign(size_t(d.bs), 0);
   r.counted.assign(size_t(d.bs), 0);
   std::vector<uint8_t> right(size_t(d.B * d.Q), 0);
-  Vec zs(size_t(d.V)), zt(size_t(d.V));
+  Vec zs(size_t(d.V)), zt(size_t(d.V)), ce(size_t(d.B * d.Q), 0.0);
+  std::vector<SlotTerms> terms(size_t(d.B * d.Q));
   for (int64_t s = 0; s < d.B * d.Q; ++s) {
     const int64_t b = s / d.Q, k = (s % d.Q) % d.bs;
     linear(W, &r.student_hidden[size_t(s * d.H)], d.H, d.V, zs.data());
@@ -215,23 +265,35 @@ void loss_and_metrics(const Config& c, const OracleInputs& in, const OracleParam
     const int64_t top = int64_t(std::max_element(zs.begin(), zs.end()) - zs.begin());
     right[size_t(s)] = top == l.label[size_t(s)];
     if (l.counted[size_t(s)]) r.counted[size_t(k)] += 1, r.correct[size_t(k)] += right[size_t(s)];
-    const double w = l.w[size_t(s)];
-    wsum += w;
-    ce_sum += w * -ls[size_t(l.label[size_t(s)])];
-    if (c.loss.kl_weight == 0 || w == 0) continue;
+    ce[size_t(s)] = -ls[size_t(l.label[size_t(s)])];
+    if (!L.uses_teacher() || !l.counted[size_t(s)]) continue;
     linear(W, &in.target_hidden[size_t((b * d.S + l.teacher[size_t(s)]) * d.H)], d.H, d.V,
            zt.data());
-    const Vec lt = log_softmax(zt, c.loss.temperature), lsT = log_softmax(zs, c.loss.temperature);
-    double kl = 0;
-    for (int64_t v = 0; v < d.V; ++v)
-      kl += std::exp(lt[size_t(v)]) * (lt[size_t(v)] - lsT[size_t(v)]);
-    kl_sum += w * kl;
+    terms[size_t(s)] = slot_terms(L, log_softmax(zt, L.temperature), log_softmax(zs, L.temperature));
+  }
+  Vec w = l.w;
+  if (L.weighting == Weighting::kDpace) {
+    if (fixed_w)
+      w = *fixed_w;
+    else
+      dpace(c, d, l, ce, w);
+  }
+  r.weights = w;
+  double ce_sum = 0, kl_sum = 0, rkl_sum = 0, jsd_sum = 0, tv_sum = 0, wsum = 0;
+  for (size_t s = 0; s < w.size(); ++s) {
+    wsum += w[s], ce_sum += w[s] * ce[s];
+    kl_sum += w[s] * terms[s].kl, rkl_sum += w[s] * terms[s].rkl;
+    jsd_sum += w[s] * terms[s].jsd, tv_sum += w[s] * terms[s].tv;
   }
   const double den = wsum > 0 ? wsum : 1.0;  // no counted slot: the loss is 0
   r.weight_sum = wsum;
   r.ce = ce_sum / den;
-  r.kl = kl_sum / den;
-  r.loss = c.loss.ce_weight * r.ce + c.loss.kl_weight * r.kl;
+  r.kl = L.kl_weight != 0 ? kl_sum / den : 0.0;
+  r.reverse_kl = L.reverse_kl_weight != 0 ? rkl_sum / den : 0.0;
+  r.jsd = L.jsd_weight != 0 ? jsd_sum / den : 0.0;
+  r.tv = L.tv_weight != 0 ? tv_sum / den : 0.0;
+  r.loss = L.ce_weight * r.ce + L.kl_weight * r.kl + L.reverse_kl_weight * r.reverse_kl +
+           L.jsd_weight * r.jsd + L.tv_weight * r.tv;
   r.correct[0] = 0;  // slot 0 is never counted
   int64_t kept = 0, accepted = 0;
   for (int64_t b = 0; b < d.B; ++b)
@@ -283,7 +345,7 @@ std::string check_anchors(const Config& c, const OracleInputs& in, const Dims& d
 }
 
 OracleResult forward(const Config& c, const OracleInputs& in, const OracleParams& p,
-                     const Dims& d) {
+                     const Dims& d, const Vec* fixed_w = nullptr) {
   OracleResult r;
   const Layout l = layout(c, in, d);
   const Vec C = context(c, in, p, d);
@@ -297,7 +359,7 @@ OracleResult forward(const Config& c, const OracleInputs& in, const OracleParams
   for (int64_t s = 0; s < d.B * d.Q; ++s)
     rmsnorm(&x[size_t(s * d.H)], param(p, "norm.weight").data(), d.H, c.drafter.shape.rms_norm_eps,
             &r.student_hidden[size_t(s * d.H)]);
-  loss_and_metrics(c, in, p, d, l, r);
+  loss_and_metrics(c, in, p, d, l, r, fixed_w);
   return r;
 }
 
@@ -333,12 +395,13 @@ double oracle_gradient(const Config& c, const OracleInputs& in, OracleParams p,
   auto it = p.find(name);
   if (it == p.end() || index >= it->second.size())
     throw std::runtime_error(fmt::format("spec oracle: no entry {} of {}", index, name));
+  const Vec w = forward(c, in, p, d).weights;  // D-PACE's, held fixed
   double& x = it->second[index];
   const double v = x, h = 1e-5 * std::max(1.0, std::abs(v));
   x = v + h;
-  const double up = forward(c, in, p, d).loss;
+  const double up = forward(c, in, p, d, &w).loss;
   x = v - h;
-  const double down = forward(c, in, p, d).loss;
+  const double down = forward(c, in, p, d, &w).loss;
   return (up - down) / (2 * h);
 }
 

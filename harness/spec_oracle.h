@@ -40,6 +40,8 @@ using OracleParams = std::map<std::string, std::vector<double>>;
 
 struct OracleResult {
   double loss = 0, ce = 0, kl = 0, weight_sum = 0, tau = 1;
+  double reverse_kl = 0, jsd = 0, tv = 0;  // 0 when their weight is 0
+  std::vector<double> weights;             // (B, Q) the loss weights used (D-PACE's included)
   std::vector<int64_t> correct, counted;  // (bs) per slot
   std::vector<double> student_hidden;     // (B, Q, H)
   std::string anchor_violation;           // "" when the anchors obey SPEC step 2

@@ -66,6 +66,9 @@ std::string compare_outputs(const StepOutputs& ref, const OracleResult& o) {
   std::string bad = close("loss", ref.loss.item<double>(), o.loss, 1e-9) +
                     close("ce", ref.ce.item<double>(), o.ce, 1e-9) +
                     close("kl", ref.kl.item<double>(), o.kl, 1e-9) +
+                    close("reverse_kl", ref.reverse_kl.item<double>(), o.reverse_kl, 1e-9) +
+                    close("jsd", ref.jsd.item<double>(), o.jsd, 1e-9) +
+                    close("tv", ref.tv.item<double>(), o.tv, 1e-9) +
                     close("weight_sum", ref.weight_sum.item<double>(), o.weight_sum, 1e-12) +
                     close("tau", ref.tau(), o.tau, 0);
   if (flat<int64_t>(ref.correct, at::kLong) != o.correct) bad += "per-slot correct differs\n";

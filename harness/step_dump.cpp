@@ -13,6 +13,9 @@ NamedTensors output_tensors(const StepOutputs& o) {
   return {{"output.loss", o.loss.detach()},
           {"output.ce", o.ce},
           {"output.kl", o.kl},
+          {"output.reverse_kl", o.reverse_kl},
+          {"output.jsd", o.jsd},
+          {"output.tv", o.tv},
           {"output.tau", at::scalar_tensor(o.tau(), at::kDouble)},
           {"output.accuracy", o.accuracy()},
           {"output.student_hidden", o.student_hidden}};

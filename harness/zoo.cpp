@@ -189,6 +189,99 @@ StepOutputs chunk_logits_alive(const Config& c, const at::Tensor& D, const at::T
   return o;
 }
 
+// --- mutants of the objectives (docs/LOSSES.md) ----------------------------
+
+enum class ObjectiveBug { kReverseKlNoEntropy, kJsdBetaSwapped, kTvNoJacobian, kDpaceExclusive };
+
+// The per-position distillation terms with one bug, on full logits (plain
+// autograd): (B, Q) kl, reverse KL, JSD and TV in the reference's order.
+reference::DistillTerms buggy_terms(const LossConfig& L, const at::Tensor& ls,
+                                    const at::Tensor& lt, const at::Tensor& z, ObjectiveBug bug) {
+  reference::DistillTerms t = reference::distill_terms(L, ls, lt);
+  const at::Tensor ps = ls.exp(), pt = lt.exp();
+  if (bug == ObjectiveBug::kReverseKlNoEntropy && L.reverse_kl_weight != 0) {
+    // The value is right; the gradient of sum p_s log p_s (the entropy) is gone.
+    const at::Tensor cross = -(ps * lt).sum(-1);
+    t.reverse_kl = cross + ((ps * ls).sum(-1)).detach();
+  }
+  if (bug == ObjectiveBug::kJsdBetaSwapped && L.jsd_weight != 0 && L.jsd_beta > 0 &&
+      L.jsd_beta < 1) {
+    const double b = 1 - L.jsd_beta;  // beta on the student's side of the mixture
+    const at::Tensor lm = at::logsumexp(at::stack({lt + std::log(b), ls + std::log1p(-b)}), 0);
+    t.jsd = L.jsd_beta * (pt * (lt - lm)).sum(-1) + (1 - L.jsd_beta) * (ps * (ls - lm)).sum(-1);
+  }
+  if (bug == ObjectiveBug::kTvNoJacobian && L.tv_weight != 0) {
+    // d TV / d p_s taken as the gradient w.r.t. the logits (no softmax Jacobian).
+    const at::Tensor slope = (0.5 / L.temperature) * (ps - pt).sign().detach();
+    const at::Tensor lin = (slope * z).sum(-1);
+    t.tv = t.tv.detach() + lin - lin.detach();
+  }
+  return t;
+}
+
+// D-PACE's weights from the exclusive prefix product C_{k-1} (the slot's own
+// confidence left out).
+at::Tensor dpace_exclusive(const at::Tensor& ce, const at::Tensor& counted, int64_t bs,
+                           double alpha) {
+  const int64_t B = ce.size(0), N = ce.size(1) / bs;
+  const at::Tensor c = counted.view({B, N, bs});
+  const at::Tensor sm = at::where(c, (1 - alpha) * (-ce.detach().to(at::kDouble)).exp().view({B, N, bs}) + alpha, 1.0);
+  const at::Tensor incl = sm.cumprod(2);
+  const at::Tensor prefix = (incl / sm) * c;  // C_{k-1}
+  return (prefix.flip(2).cumsum(2).flip(2) * c).view({B, N * bs});
+}
+
+// The whole loss with one objective bug (the reference's formula otherwise).
+StepOutputs objective_mutant(const Config& c, const at::Tensor& D, const at::Tensor& Ht,
+                             const at::Tensor& W, const DraftLayout& l, const Anchors& a,
+                             ObjectiveBug bug) {
+  const LossConfig& L = c.loss;
+  const int64_t B = D.size(0), Q = D.size(1), H = D.size(2);
+  const at::ScalarType acc = D.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const at::Tensor z = reference::project(D, W).to(acc);  // (B, Q, V)
+  const at::Tensor ce = at::logsumexp(z, -1) - z.gather(-1, l.labels.unsqueeze(-1)).squeeze(-1);
+  const at::Tensor none = at::zeros_like(ce);
+  reference::DistillTerms t{none, none, none, none};
+  if (L.uses_teacher()) {
+    const at::Tensor th = Ht.gather(1, l.teacher_index.unsqueeze(-1).expand({B, Q, H}));
+    const at::Tensor lt = at::log_softmax(reference::project(th, W).to(acc) / L.temperature, -1);
+    t = buggy_terms(L, at::log_softmax(z / L.temperature, -1), lt, z, bug);
+  }
+  at::Tensor w = l.weights.to(acc);
+  if (L.weighting == Weighting::kDpace) {
+    const at::Tensor f = bug == ObjectiveBug::kDpaceExclusive
+                             ? dpace_exclusive(ce, l.counted, l.block_size, L.dpace_alpha)
+                             : reference::dpace_weights(ce, l.counted, l.block_size, L.dpace_alpha);
+    w = (w * f).to(acc);
+  }
+  StepOutputs o;
+  o.weight_sum = w.sum().detach();
+  const at::Tensor den = at::where(o.weight_sum > 0, o.weight_sum, at::ones_like(o.weight_sum));
+  auto term = [&](const at::Tensor& x, at::Tensor& ratio, at::Tensor& sum) {
+    sum = (w * x).sum();
+    ratio = (sum / den).detach();
+    return sum;
+  };
+  const at::Tensor ce_s = term(ce, o.ce, o.ce_sum), kl_s = term(t.kl, o.kl, o.kl_sum),
+                   rkl_s = term(t.reverse_kl, o.reverse_kl, o.reverse_kl_sum),
+                   jsd_s = term(t.jsd, o.jsd, o.jsd_sum), tv_s = term(t.tv, o.tv, o.tv_sum);
+  o.loss = (L.ce_weight * ce_s + L.kl_weight * kl_s + L.reverse_kl_weight * rkl_s +
+            L.jsd_weight * jsd_s + L.tv_weight * tv_s) /
+           den;
+  for (at::Tensor* x : {&o.ce_sum, &o.kl_sum, &o.reverse_kl_sum, &o.jsd_sum, &o.tv_sum})
+    *x = x->detach();
+  o.set_metrics(slot_metrics(z.argmax(-1) == l.labels, l, a));
+  o.student_hidden = D.detach();
+  return o;
+}
+
+LossFn objective_mutant_fn(ObjectiveBug bug) {
+  return [bug](const Config& c, const at::Tensor& D, const at::Tensor& Ht, const at::Tensor& W,
+               const DraftLayout& l, const Anchors& a) {
+    return objective_mutant(c, D, Ht, W, l, a, bug);
+  };
+}
+
 // --- mutants of the checkpoint and of the frozen weights -------------------
 
 // A checkpoint without a contract whose differentiable inputs lost their
@@ -243,6 +336,9 @@ StepOutputs shard_step(const Config& c, const DrafterWeights& w, const FrozenWei
   }
   o.ce_sum = a.ce_sum + b.ce_sum, o.kl_sum = a.kl_sum + b.kl_sum;
   o.ce = o.ce_sum / den, o.kl = o.kl_sum / den;
+  o.reverse_kl_sum = a.reverse_kl_sum + b.reverse_kl_sum, o.reverse_kl = o.reverse_kl_sum / den;
+  o.jsd_sum = a.jsd_sum + b.jsd_sum, o.jsd = o.jsd_sum / den;
+  o.tv_sum = a.tv_sum + b.tv_sum, o.tv = o.tv_sum / den;
   o.correct = a.correct + b.correct, o.counted = a.counted + b.counted;
   o.accept_sum = a.accept_sum + b.accept_sum, o.kept_blocks = a.kept_blocks + b.kept_blocks;
   o.student_hidden = at::cat({a.student_hidden, b.student_hidden}, 0);
@@ -363,6 +459,13 @@ const std::vector<Mutant>& zoo() {
       {"loss_upstream_ignored", "a loss backward that assumes an upstream gradient of 1", "parity"},
       {"per_rank_normalisation", "loss normalised per rank (two-shard split)", "parity"},
       {"decay_off_by_one", "loss weights decayed from k = 0 instead of k = 1", "parity"},
+      {"reverse_kl_without_entropy", "reverse KL whose gradient misses the entropy term",
+       "parity"},
+      {"jsd_beta_swapped", "JSD's mixture with beta on the student's side", "parity"},
+      {"tv_without_softmax_jacobian", "TV's gradient taken w.r.t. p_s as if it were the logits'",
+       "parity"},
+      {"dpace_exclusive_prefix", "D-PACE weights from the prefix product without the slot itself",
+       "parity"},
       {"dense_scores_fallback", "the optimized attention quietly using dense scores", "memory"},
       {"chunk_logits_alive", "the chunked loss keeping every chunk's logits alive", "memory"},
   };
@@ -389,6 +492,14 @@ Components mutant_components(const std::string& n) {
     parts.loss = loss_upstream_ignored;
   else if (n == "chunk_logits_alive")
     parts.loss = chunk_logits_alive;
+  else if (n == "reverse_kl_without_entropy")
+    parts.loss = objective_mutant_fn(ObjectiveBug::kReverseKlNoEntropy);
+  else if (n == "jsd_beta_swapped")
+    parts.loss = objective_mutant_fn(ObjectiveBug::kJsdBetaSwapped);
+  else if (n == "tv_without_softmax_jacobian")
+    parts.loss = objective_mutant_fn(ObjectiveBug::kTvNoJacobian);
+  else if (n == "dpace_exclusive_prefix")
+    parts.loss = objective_mutant_fn(ObjectiveBug::kDpaceExclusive);
   else if (n == "detached_checkpoint_input")
     parts.checkpoint = detached_checkpoint;
   else if (n != "per_rank_normalisation" && n != "frozen_embedding_trainable")

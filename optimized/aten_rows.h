@@ -7,16 +7,19 @@
 
 #include <ATen/ATen.h>
 
+#include "optimized/row_kernels.h"
+
 namespace dflash::optimized {
 
 // One chunk of the fused loss. student (n, V) logits; overwritten by dL/dlogits
-// when want_grad. teacher (n, V) or undefined (no KL). labels (n) int64,
-// weights (n) float64. ce, kl (n) float64 and argmax (n) int64 are written.
+// when want_grad. teacher (n, V) or undefined (no distillation term). labels
+// (n) int64, weights (n) float64. ce, kl, reverse_kl, jsd, tv (n) float64 and
+// argmax (n) int64 are written (a term whose weight is 0 gets zeros).
 struct LossChunk {
   at::Tensor student, teacher, labels, weights;
-  double ce_weight, kl_weight, inv_temperature;
+  RowObjectives obj;
   bool want_grad;
-  at::Tensor ce, kl, argmax;
+  at::Tensor ce, kl, reverse_kl, jsd, tv, argmax;
 };
 void loss_rows_aten(const LossChunk& a);
 

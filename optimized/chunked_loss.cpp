@@ -26,29 +26,65 @@ RowDtype row_dtype(at::ScalarType t) {
 }
 
 struct ChunkResult {
-  at::Tensor num, ce, kl, argmax;
-  at::Tensor grad;  // (Ns, H) when wanted
+  at::Tensor num, ce, kl, reverse_kl, jsd, tv, weights, argmax;
+  at::Tensor grad;   // (Ns, H) when wanted
+  at::Tensor scale;  // (Ns, 1) dynamic weight of each student row, or undefined
 };
+
+RowObjectives row_objectives(const LossConfig& L) {
+  return {L.ce_weight, L.kl_weight, L.reverse_kl_weight, L.jsd_weight,
+          L.jsd_beta,  L.tv_weight, 1.0 / L.temperature};
+}
+
+// The row work of one chunk, by the chosen implementation.
+void chunk_rows(const at::Tensor& zs, const at::Tensor& zt, const at::Tensor& lab,
+                const at::Tensor& w64, const RowObjectives& obj, Kernels kernels, bool want_grad,
+                ChunkResult& r, int64_t c0, int64_t n) {
+  auto at_rows = [&](const at::Tensor& t) { return t.narrow(0, c0, n); };
+  if (kernels == Kernels::kAten) {
+    loss_rows_aten({zs, zt, at_rows(lab), at_rows(w64), obj, want_grad, at_rows(r.ce),
+                    at_rows(r.kl), at_rows(r.reverse_kl), at_rows(r.jsd), at_rows(r.tv),
+                    at_rows(r.argmax)});
+    return;
+  }
+  auto out = [&](const at::Tensor& t) { return t.data_ptr<double>() + c0; };
+  const LossRows a{row_dtype(zs.scalar_type()),
+                   zs.size(1),
+                   zs.data_ptr(),
+                   zt.defined() ? zt.data_ptr() : nullptr,
+                   lab.data_ptr<int64_t>() + c0,
+                   w64.data_ptr<double>() + c0,
+                   obj,
+                   want_grad,
+                   out(r.ce),
+                   out(r.kl),
+                   out(r.reverse_kl),
+                   out(r.jsd),
+                   out(r.tv),
+                   r.argmax.data_ptr<int64_t>() + c0};
+  at::parallel_for(0, n, 1, [&](int64_t b, int64_t e) { loss_rows(a, b, e); });
+}
 
 // Forward over all chunks; with want_grad, also dL/dstudent (unscaled).
 ChunkResult run_chunks(const at::Tensor& student, const at::Tensor& teacher, const at::Tensor& W,
                        const at::Tensor& rows, const at::Tensor& trows, const at::Tensor& labels,
                        const at::Tensor& weights, const LossConfig& L, int64_t chunk,
-                       Kernels kernels, bool want_grad) {
+                       Kernels kernels, bool want_grad, const RowWeightFn& dynamic) {
   const int64_t M = rows.numel(), H = student.size(1), V = W.size(0);
-  const bool with_kl = L.kl_weight != 0;
+  const bool with_teacher = L.uses_teacher();
   const int64_t C = std::max<int64_t>(1, chunk > 0 ? std::min(chunk, M) : M);
   const auto opt = student.options();
   ChunkResult r;
-  r.ce = at::zeros({M}, opt.dtype(at::kDouble));
-  r.kl = at::zeros({M}, opt.dtype(at::kDouble));
+  for (at::Tensor* t : {&r.ce, &r.kl, &r.reverse_kl, &r.jsd, &r.tv})
+    *t = at::zeros({M}, opt.dtype(at::kDouble));
   r.argmax = at::zeros({M}, opt.dtype(at::kLong));
   if (want_grad) r.grad = at::zeros_like(student, at::MemoryFormat::Contiguous);
   at::Tensor xs = at::empty({C, H}, opt), zs = at::empty({C, V}, opt);  // one chunk
   at::Tensor xt, zt;
-  if (with_kl) xt = at::empty({C, H}, opt), zt = at::empty({C, V}, opt);
+  if (with_teacher) xt = at::empty({C, H}, opt), zt = at::empty({C, V}, opt);
   at::Tensor gbuf = want_grad ? at::empty({C, H}, opt) : at::Tensor();
   const at::Tensor w64 = weights.to(at::kDouble).contiguous(), lab = labels.contiguous();
+  const RowObjectives obj = row_objectives(L);
   for (int64_t c0 = 0; c0 < M; c0 += C) {
     const int64_t n = std::min(C, M - c0);
     const at::Tensor rows_c = rows.narrow(0, c0, n);
@@ -56,32 +92,13 @@ ChunkResult run_chunks(const at::Tensor& student, const at::Tensor& teacher, con
     at::index_select_out(xs_c, student, 0, rows_c);
     at::mm_out(zs_c, xs_c, W.t());
     at::Tensor zt_c;
-    if (with_kl) {
+    if (with_teacher) {
       at::Tensor xt_c = xt.narrow(0, 0, n);
       zt_c = zt.narrow(0, 0, n);  // (n, V)
       at::index_select_out(xt_c, teacher, 0, trows.narrow(0, c0, n));
       at::mm_out(zt_c, xt_c, W.t());
     }
-    if (kernels == Kernels::kAten) {
-      loss_rows_aten({zs_c, zt_c, lab.narrow(0, c0, n), w64.narrow(0, c0, n), L.ce_weight,
-                      L.kl_weight, 1.0 / L.temperature, want_grad, r.ce.narrow(0, c0, n),
-                      r.kl.narrow(0, c0, n), r.argmax.narrow(0, c0, n)});
-    } else {
-      LossRows a{row_dtype(student.scalar_type()),
-                 V,
-                 zs_c.data_ptr(),
-                 with_kl ? zt_c.data_ptr() : nullptr,
-                 lab.data_ptr<int64_t>() + c0,
-                 w64.data_ptr<double>() + c0,
-                 L.ce_weight,
-                 L.kl_weight,
-                 1.0 / L.temperature,
-                 want_grad,
-                 r.ce.data_ptr<double>() + c0,
-                 r.kl.data_ptr<double>() + c0,
-                 r.argmax.data_ptr<int64_t>() + c0};
-      at::parallel_for(0, n, 1, [&](int64_t b, int64_t e) { loss_rows(a, b, e); });
-    }
+    chunk_rows(zs_c, zt_c, lab, w64, obj, kernels, want_grad, r, c0, n);
     ++chunked_loss_stats().chunks;
     if (want_grad) {
       at::Tensor g = gbuf.narrow(0, 0, n);
@@ -89,9 +106,27 @@ ChunkResult run_chunks(const at::Tensor& student, const at::Tensor& teacher, con
       ++chunked_loss_stats().gradient_chunks;
     }
   }
+  r.weights = w64;
+  if (dynamic) {
+    const at::Tensor f = dynamic(r.ce).to(at::kDouble).detach();  // (M)
+    r.weights = w64 * f;
+    if (want_grad) {
+      const at::ScalarType acc = student.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+      r.scale = at::zeros({student.size(0), 1}, opt.dtype(acc));
+      r.scale.index_copy_(0, rows, f.to(acc).unsqueeze(1));
+    }
+  }
   const at::ScalarType acc = student.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  r.num = ((L.ce_weight * r.ce + L.kl_weight * r.kl) * w64).sum().to(acc);
+  r.num = ((L.ce_weight * r.ce + L.kl_weight * r.kl + L.reverse_kl_weight * r.reverse_kl +
+            L.jsd_weight * r.jsd + L.tv_weight * r.tv) *
+           r.weights)
+              .sum()
+              .to(acc);
   return r;
+}
+
+ChunkedLossOut as_out(const ChunkResult& r) {
+  return {r.num, r.ce, r.kl, r.reverse_kl, r.jsd, r.tv, r.weights, r.argmax};
 }
 
 struct FusedLoss : public torch::autograd::Function<FusedLoss> {
@@ -99,35 +134,53 @@ struct FusedLoss : public torch::autograd::Function<FusedLoss> {
                                const at::Tensor& teacher, const at::Tensor& W,
                                const at::Tensor& rows, const at::Tensor& trows,
                                const at::Tensor& labels, const at::Tensor& weights,
-                               const LossConfig& L, int64_t chunk, Kernels kernels) {
-    ChunkResult r =
-        run_chunks(student, teacher, W, rows, trows, labels, weights, L, chunk, kernels, true);
-    ctx->save_for_backward({r.grad});
-    ctx->mark_non_differentiable({r.ce, r.kl, r.argmax});
-    return {r.num, r.ce, r.kl, r.argmax};
+                               const LossConfig& L, int64_t chunk, Kernels kernels,
+                               const RowWeightFn& dynamic) {
+    ChunkResult r = run_chunks(student, teacher, W, rows, trows, labels, weights, L, chunk, kernels,
+                               true, dynamic);
+    ctx->save_for_backward({r.grad, r.scale});
+    ctx->mark_non_differentiable({r.ce, r.kl, r.reverse_kl, r.jsd, r.tv, r.weights, r.argmax});
+    return {r.num, r.ce, r.kl, r.reverse_kl, r.jsd, r.tv, r.weights, r.argmax};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
-    // The per-row CE/KL/argmax outputs are non-differentiable: only the
-    // upstream gradient of num (a scalar, whatever its value) scales the
-    // saved input gradient.
-    const at::Tensor grad = ctx->get_saved_variables()[0];
+    // The per-row outputs are non-differentiable: only the upstream gradient
+    // of num (a scalar, whatever its value) and, with dynamic weights, each
+    // row's factor scale the saved input gradient.
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor grad = saved[0], scale = saved[1];
     const at::Tensor g = grad_outputs[0];
     // Scaled in fp32 (fp64 for float64): 1 / sum(w) rounded to bf16 would
     // shift the whole gradient by up to 0.4%.
     const at::ScalarType acc = grad.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-    at::Tensor gs = g.defined() ? (grad.to(acc) * g.to(acc)).to(grad.scalar_type()) : at::Tensor();
+    at::Tensor gs;
+    if (g.defined()) {
+      const at::Tensor up = scale.defined() ? scale * g.to(acc) : g.to(acc);
+      gs = (grad.to(acc) * up).to(grad.scalar_type());
+    }
     // One entry per forward argument; W (the frozen LM head) never gets one.
-    return {gs, {}, {}, {}, {}, {}, {}, {}, {}, {}};
+    return {gs, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}};
   }
 };
 
 }  // namespace
 
+at::Tensor dpace_row_weights(const at::Tensor& ce, const at::Tensor& rows, int64_t slots,
+                             int64_t bs, double alpha) {
+  const auto f64 = ce.options().dtype(at::kDouble);
+  at::Tensor smooth = at::ones({slots}, f64), on = at::zeros({slots}, f64);  // (B*Q)
+  smooth.index_copy_(0, rows, (1 - alpha) * (-ce).exp() + alpha);
+  on.index_fill_(0, rows, 1.0);
+  const at::Tensor prefix = smooth.view({-1, bs}).cumprod(1) * on.view({-1, bs});  // (B*N, bs)
+  const at::Tensor suffix = prefix.flip(1).cumsum(1).flip(1);                     // (B*N, bs)
+  return suffix.reshape(-1).index_select(0, rows);                                // (M)
+}
+
 ChunkedLossOut chunked_lm_loss(const at::Tensor& student, const at::Tensor& teacher,
                                const at::Tensor& W, const at::Tensor& rows, const at::Tensor& trows,
                                const at::Tensor& labels, const at::Tensor& weights,
-                               const LossConfig& L, int64_t chunk, Kernels kernels) {
+                               const LossConfig& L, int64_t chunk, Kernels kernels,
+                               const RowWeightFn& dynamic) {
   TORCH_CHECK(student.dim() == 2 && W.dim() == 2 && student.size(1) == W.size(1),
               "chunked_lm_loss: student (Ns, H) and lm_head (V, H) expected");
   TORCH_CHECK(student.device() == W.device(), "chunked_lm_loss: student on ", student.device(),
@@ -148,13 +201,12 @@ ChunkedLossOut chunked_lm_loss(const at::Tensor& student, const at::Tensor& teac
   const bool want_grad = at::GradMode::is_enabled() && student.requires_grad();
   if (!want_grad) {
     at::NoGradGuard no_grad;
-    ChunkResult r =
-        run_chunks(student, teacher, W, rows, trows, labels, weights, L, chunk, kernels, false);
-    return {r.num, r.ce, r.kl, r.argmax};
+    return as_out(run_chunks(student, teacher, W, rows, trows, labels, weights, L, chunk, kernels,
+                             false, dynamic));
   }
   variable_list o = FusedLoss::apply(student, teacher, W.detach(), rows, trows, labels, weights, L,
-                                     chunk, kernels);
-  return {o[0], o[1], o[2], o[3]};
+                                     chunk, kernels, dynamic);
+  return {o[0], o[1], o[2], o[3], o[4], o[5], o[6], o[7]};
 }
 
 StepOutputs loss_and_metrics(const Config& c, const at::Tensor& D, const at::Tensor& Ht,
@@ -173,20 +225,29 @@ StepOutputs loss_and_metrics(const Config& c, const at::Tensor& D, const at::Ten
       (batch_of * S + layout.teacher_index.reshape(-1)).index_select(0, rows);  // (M)
   const at::Tensor labels = layout.labels.reshape(-1).index_select(0, rows);    // (M)
   const at::Tensor weights = w_all.index_select(0, rows);                       // (M)
-  const at::Tensor teacher = L.kl_weight != 0 ? Ht.reshape({B * S, H}) : Ht.new_empty({0, H});
+  const at::Tensor teacher = L.uses_teacher() ? Ht.reshape({B * S, H}) : Ht.new_empty({0, H});
+  RowWeightFn dynamic;
+  if (L.weighting == Weighting::kDpace)
+    dynamic = [&rows, slots = B * Q, bs = layout.block_size, alpha = L.dpace_alpha](
+                  const at::Tensor& ce) { return dpace_row_weights(ce, rows, slots, bs, alpha); };
   const ChunkedLossOut r =
       chunked_lm_loss(D.reshape({B * Q, H}), teacher, lm_head, rows, trows, labels, weights, L,
-                      L.chunk_size, resolve_kernels(c.optimized.kernels, D.device()));
+                      L.chunk_size, resolve_kernels(c.optimized.kernels, D.device()), dynamic);
 
   const at::ScalarType acc = r.num.scalar_type();
-  const at::Tensor wsum = weights.sum().to(acc);
+  const at::Tensor wsum = r.weights.sum().to(acc);
   const at::Tensor den = at::where(wsum > 0, wsum, at::ones_like(wsum));  // 0/0 := 0
   StepOutputs out;
   out.loss = r.num / den;
-  out.ce_sum = (weights * r.ce).sum().to(acc);
-  out.kl_sum = (weights * r.kl).sum().to(acc);
-  out.ce = out.ce_sum / den;
-  out.kl = out.kl_sum / den;
+  auto term = [&](const at::Tensor& per_row, at::Tensor& ratio, at::Tensor& sum) {
+    sum = (r.weights * per_row).sum().to(acc);
+    ratio = sum / den;
+  };
+  term(r.ce, out.ce, out.ce_sum);
+  term(r.kl, out.kl, out.kl_sum);
+  term(r.reverse_kl, out.reverse_kl, out.reverse_kl_sum);
+  term(r.jsd, out.jsd, out.jsd_sum);
+  term(r.tv, out.tv, out.tv_sum);
   out.weight_sum = wsum;
   at::Tensor hit = at::zeros({B * Q}, idx.dtype(at::kBool));
   hit.index_put_({rows}, r.argmax == labels);

@@ -112,9 +112,11 @@ TEST_P(ChunkedLossParity, Float32ErrorRatio) {
   const LossRun r32 = run(reference::loss_and_metrics, lc(), in, at::kFloat, -1.9);
   const LossRun opt = run(loss_and_metrics, lc(), in, at::kFloat, -1.9, kernels());
   // fp32 with another summation order and a 1e-7-accurate exp: within 4x the
-  // reference's own fp32 error, plus 1e-7 of the scale (about one fp32 ulp)
-  // for tensors where the reference happens to be exact.
-  const auto rep = compare_runs(opt, r32, r64, {4.0, 1e-7});
+  // reference's own fp32 error, plus 2^-21 of the scale (4 fp32 ulps: a sum
+  // of V terms in the kernel's lane order, 8 lanes with AVX2, 16 with
+  // AVX-512, lands a few ulps off where the reference's pairwise sum
+  // happens to be exact).
+  const auto rep = compare_runs(opt, r32, r64, {4.0, 0x1p-21});
   EXPECT_TRUE(rep.ok()) << rep.format();
   if (std::getenv("DFLASH_VERBOSE")) std::cout << rep.format();
 }

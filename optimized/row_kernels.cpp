@@ -127,27 +127,198 @@ DFLASH_INLINE Acc kl_only(const T* zs, const T* zt, int64_t V, Acc lse_st, Acc l
   return kl;
 }
 
+// log(1 + x), x in [0, 1]: 2 atanh(s), s = x / (2 + x) in [0, 1/3], by its
+// odd series to s^15 (the first omitted term is < 2e-8 of the result), so
+// tiny x stay exact (no 1 + x rounding).
+DFLASH_INLINE float log1p_acc(float x) {
+  const float s = x / (2.0f + x), s2 = s * s;
+  float p = 1.0f / 15;
+  p = p * s2 + 1.0f / 13;
+  p = p * s2 + 1.0f / 11;
+  p = p * s2 + 1.0f / 9;
+  p = p * s2 + 1.0f / 7;
+  p = p * s2 + 1.0f / 5;
+  p = p * s2 + 1.0f / 3;
+  p = p * s2 + 1.0f;
+  return 2.0f * s * p;
+}
+DFLASH_INLINE double log1p_acc(double x) { return std::log1p(x); }
+
+// log(e^a + e^b), shifted by the larger side.
+template <typename Acc>
+DFLASH_INLINE Acc log_add_exp(Acc a, Acc b) {
+  const Acc hi = std::max(a, b), lo = std::min(a, b);
+  return hi + log1p_acc(exp_acc(lo - hi));
+}
+
+// Per-row sums of the general path, with log p = z/T - lse on both sides
+// and d = log p_s - log p_t: KL(p_t || p_s); sum p_s (d - d*) with d* the d
+// of the student's argmax (the reverse KL is d* + that sum, and its gradient
+// p_s ((d - d*) - sum) never subtracts two large numbers); sum |p_s - p_t|;
+// the student's mass where p_s > p_t, < p_t and == p_t (the TV gradient
+// from sums of positives only); with the JSD's mixture m, KL(p_t || m) and
+// KL(p_s || m).
+template <typename Acc>
+struct TermSums {
+  Acc kl = 0, rkl_c = 0, l1 = 0, p_pos = 0, p_neg = 0, p_zero = 0, kl_tm = 0, kl_sm = 0;
+};
+
+// The inputs of one row's distillation terms.
+template <typename Acc>
+struct RowLogs {
+  Acc lse, lse_st, lse_tt, inv_t;
+  Acc log_beta, log_1m_beta;  // log beta, log(1 - beta) of the JSD mixture
+  Acc d_star;                 // d at the student's argmax
+};
+
+template <typename T, typename Acc, bool jsd>
+DFLASH_INLINE TermSums<Acc> term_sums(const T* zs, const T* zt, int64_t V, const RowLogs<Acc>& r) {
+  Acc kl = 0, rkl_c = 0, l1 = 0, p_pos = 0, p_neg = 0, p_zero = 0, kl_tm = 0, kl_sm = 0;
+#pragma omp simd reduction(+ : kl, rkl_c, l1, p_pos, p_neg, p_zero, kl_tm, kl_sm)
+  for (int64_t v = 0; v < V; ++v) {
+    const Acc log_ps = r.inv_t * load(zs, v) - r.lse_st;
+    const Acc log_pt = r.inv_t * load(zt, v) - r.lse_tt;
+    const Acc ps = exp_acc(log_ps), pt = exp_acc(log_pt), d = ps - pt;
+    kl += pt * (log_pt - log_ps);
+    rkl_c += ps * ((log_ps - log_pt) - r.d_star);
+    l1 += std::abs(d);
+    p_pos += d > 0 ? ps : Acc(0);
+    p_neg += d < 0 ? ps : Acc(0);
+    p_zero += d == 0 ? ps : Acc(0);
+    if (jsd) {
+      const Acc log_m = log_add_exp(r.log_beta + log_pt, r.log_1m_beta + log_ps);
+      kl_tm += pt * (log_pt - log_m);
+      kl_sm += ps * (log_ps - log_m);
+    }
+  }
+  return {kl, rkl_c, l1, p_pos, p_neg, p_zero, kl_tm, kl_sm};
+}
+
+// The general gradient, written over the student row (d/dz of each term,
+// docs/LOSSES.md): CE w (p - onehot); forward KL w/T (p_s - p_t); reverse KL
+// w/T p_s (d - RKL) = w/T p_s ((d - d*) - sum p_s (d - d*)); JSD w/T (1-beta)
+// p_s (log p_s - log m - KL(p_s || m)); TV w/T p_s (sign(p_s - p_t) - E)/2,
+// E = sum p_s sign(p_s - p_t), which is P_neg + P_zero/2 where p_s > p_t,
+// -(P_pos + P_zero/2) where p_s < p_t and (P_neg - P_pos)/2 at ties.
+template <typename Acc>
+struct GradScales {
+  Acc ce, kl, rkl, rkl_c, tv, tv_pos, tv_neg, tv_tie, jsd, kl_sm;
+};
+
+template <typename T, typename Acc, bool same_t, bool jsd>
+DFLASH_INLINE void general_grad(T* zs, const T* zt, int64_t V, int64_t label, const RowLogs<Acc>& r,
+                                const GradScales<Acc>& g) {
+#pragma omp simd
+  for (int64_t v = 0; v < V; ++v) {
+    const Acc z = load(zs, v);
+    const Acc log_ps = r.inv_t * z - r.lse_st;
+    const Acc log_pt = r.inv_t * load(zt, v) - r.lse_tt;
+    const Acc ps = exp_acc(log_ps), pt = exp_acc(log_pt);
+    const Acc p = same_t ? ps : exp_acc(z - r.lse);
+    const Acc d = ps - pt;
+    Acc inner = g.rkl * (((log_ps - log_pt) - r.d_star) - g.rkl_c) +
+                g.tv * (d > 0 ? g.tv_pos : d < 0 ? g.tv_neg : g.tv_tie);
+    if (jsd) {
+      const Acc log_m = log_add_exp(r.log_beta + log_pt, r.log_1m_beta + log_ps);
+      inner += g.jsd * ((log_ps - log_m) - g.kl_sm);
+    }
+    store(zs, v, g.ce * (p - Acc(v == label)) + g.kl * (ps - pt) + ps * inner);
+  }
+}
+
+// Which terms a row computes; jsd at beta 0 / 1 is the forward / reverse KL.
+struct TermPlan {
+  bool kl, rkl, jsd_mid, tv;  // values needed
+  double kl_w, rkl_w;         // weights of the two KLs' gradients (jsd endpoints included)
+  bool general() const { return rkl || jsd_mid || tv; }
+};
+
+TermPlan plan_terms(const RowObjectives& o) {
+  const bool j0 = o.jsd != 0 && o.jsd_beta == 0, j1 = o.jsd != 0 && o.jsd_beta == 1;
+  TermPlan p;
+  p.kl = o.kl != 0 || j0;
+  p.rkl = o.reverse_kl != 0 || j1;
+  p.jsd_mid = o.jsd != 0 && !j0 && !j1;
+  p.tv = o.tv != 0;
+  p.kl_w = o.kl + (j0 ? o.jsd : 0.0);
+  p.rkl_w = o.reverse_kl + (j1 ? o.jsd : 0.0);
+  return p;
+}
+
+// The general path of one row (reverse KL, JSD or TV on): a pass for the
+// sums, then, for the gradient, a second pass (the reverse KL, the JSD and
+// the TV gradients need their row's sums).
+template <typename T, typename Acc>
+DFLASH_INLINE void general_row(const LossRows& a, int64_t r, T* zs, const T* zt, int64_t label,
+                               const RowLogs<Acc>& lg, Acc w, bool same_t) {
+  const RowObjectives& o = a.obj;
+  const TermPlan plan = plan_terms(o);
+  const int64_t V = a.vocab;
+  const TermSums<Acc> s = plan.jsd_mid ? term_sums<T, Acc, true>(zs, zt, V, lg)
+                                       : term_sums<T, Acc, false>(zs, zt, V, lg);
+  const double b = o.jsd_beta;
+  const double jsd = plan.jsd_mid ? b * double(s.kl_tm) + (1 - b) * double(s.kl_sm)
+                     : o.jsd_beta == 0 ? double(s.kl)
+                                       : double(lg.d_star) + double(s.rkl_c);
+  a.kl[r] = o.kl != 0 ? double(s.kl) : 0.0;
+  a.reverse_kl[r] = o.reverse_kl != 0 ? double(lg.d_star) + double(s.rkl_c) : 0.0;
+  a.jsd[r] = o.jsd != 0 ? jsd : 0.0;
+  a.tv[r] = o.tv != 0 ? 0.5 * double(s.l1) : 0.0;
+  if (!a.want_grad) return;
+  const Acc it = lg.inv_t;
+  const GradScales<Acc> g{w * Acc(o.ce),
+                          w * Acc(plan.kl_w) * it,
+                          w * Acc(plan.rkl_w) * it,
+                          s.rkl_c,
+                          w * Acc(o.tv) * it,
+                          s.p_neg + Acc(0.5) * s.p_zero,
+                          -(s.p_pos + Acc(0.5) * s.p_zero),
+                          Acc(0.5) * (s.p_neg - s.p_pos),
+                          plan.jsd_mid ? w * Acc(o.jsd * (1 - b)) * it : Acc(0),
+                          s.kl_sm};
+  if (plan.jsd_mid)
+    same_t ? general_grad<T, Acc, true, true>(zs, zt, V, label, lg, g)
+           : general_grad<T, Acc, false, true>(zs, zt, V, label, lg, g);
+  else
+    same_t ? general_grad<T, Acc, true, false>(zs, zt, V, label, lg, g)
+           : general_grad<T, Acc, false, false>(zs, zt, V, label, lg, g);
+}
+
 template <typename T, typename Acc>
 DFLASH_INLINE void one_row(const LossRows& a, int64_t r) {
   const int64_t V = a.vocab;
   T* zs = static_cast<T*>(a.student) + r * V;
   const T* zt = a.teacher ? static_cast<const T*>(a.teacher) + r * V : nullptr;
-  const Acc inv_t = Acc(a.inv_temperature);
-  const bool same_t = a.inv_temperature == 1.0;
+  const Acc inv_t = Acc(a.obj.inv_temperature);
+  const bool same_t = a.obj.inv_temperature == 1.0;
   const RowMax<Acc> ms = row_max<T, Acc>(zs, V);
   a.argmax[r] = ms.index;
   // CE = logsumexp(z) - z[label]
   const int64_t label = a.labels[r];
   const Acc lse = ms.value + log_sum_exp_shifted<T, Acc>(zs, V, ms.value, Acc(1));
   a.ce[r] = double(lse - load(zs, label));
-  const Acc w = Acc(a.weights[r]), gce = w * Acc(a.ce_weight), gkl = w * Acc(a.kl_weight) * inv_t;
-  a.kl[r] = 0;
+  a.kl[r] = a.reverse_kl[r] = a.jsd[r] = a.tv[r] = 0;
+  const TermPlan plan = plan_terms(a.obj);
+  const Acc w = Acc(a.weights[r]), gce = w * Acc(a.obj.ce), gkl = w * Acc(plan.kl_w) * inv_t;
   if (zt) {
     // log p = z/T - (m/T + log sum exp((z - m)/T)) on both sides.
     const Acc mt = row_max<T, Acc>(zt, V).value;
     const Acc lse_st =
         same_t ? lse : inv_t * ms.value + log_sum_exp_shifted<T, Acc>(zs, V, ms.value, inv_t);
     const Acc lse_tt = inv_t * mt + log_sum_exp_shifted<T, Acc>(zt, V, mt, inv_t);
+    if (plan.general()) {
+      const double b = a.obj.jsd_beta;
+      const Acc d_star = (inv_t * ms.value - lse_st) - (inv_t * load(zt, ms.index) - lse_tt);
+      const RowLogs<Acc> lg{lse,
+                            lse_st,
+                            lse_tt,
+                            inv_t,
+                            plan.jsd_mid ? Acc(std::log(b)) : Acc(0),
+                            plan.jsd_mid ? Acc(std::log1p(-b)) : Acc(0),
+                            d_star};
+      return general_row<T, Acc>(a, r, zs, zt, label, lg, w, same_t);
+    }
+    // CE + forward KL only: one fused pass.
     Acc kl;
     if (!a.want_grad)
       kl = kl_only<T, Acc>(zs, zt, V, lse_st, lse_tt, inv_t);
@@ -155,7 +326,8 @@ DFLASH_INLINE void one_row(const LossRows& a, int64_t r) {
       kl = grad_and_kl<T, Acc, true>(zs, zt, V, label, lse, lse_st, lse_tt, inv_t, gce, gkl);
     else
       kl = grad_and_kl<T, Acc, false>(zs, zt, V, label, lse, lse_st, lse_tt, inv_t, gce, gkl);
-    a.kl[r] = double(kl);
+    a.kl[r] = a.obj.kl != 0 ? double(kl) : 0.0;
+    a.jsd[r] = a.obj.jsd != 0 ? double(kl) : 0.0;  // jsd at beta = 0
   } else if (a.want_grad) {
 #pragma omp simd
     for (int64_t v = 0; v < V; ++v)
@@ -258,6 +430,7 @@ void softmax_backward_rows(const AttentionRows& a, const void* lse, const void* 
 }
 
 float fast_expf(float x) { return expf_inline(x); }
+float fast_log1pf(float x) { return log1p_acc(x); }
 
 void loss_rows(const LossRows& a, int64_t begin, int64_t end) {
   switch (a.dtype) {

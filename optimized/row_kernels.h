@@ -3,10 +3,10 @@
 // cache, and no (rows, cols) temporary is ever allocated.
 //
 // loss_rows: the element-wise heart of the fused LM-head loss: for each row
-// of a chunk of student logits (and teacher logits when the KL is on) it
-// computes CE, KL, the argmax and, in place, the gradient of the weighted
-// loss with respect to the student logits. Callers guarantee labels in
-// [0, V).
+// of a chunk of student logits (and teacher logits when a distillation term
+// is on) it computes CE, the distillation terms (docs/LOSSES.md), the argmax
+// and, in place, the gradient of the weighted loss with respect to the
+// student logits. Callers guarantee labels in [0, V).
 #pragma once
 
 #include <cstdint>
@@ -15,17 +15,28 @@ namespace dflash::optimized {
 
 enum class RowDtype { kFloat32, kFloat64, kBFloat16 };
 
+// The objectives' weights (LossConfig without ATen): a term is computed when
+// its weight is not 0 (jsd at beta 0 / 1 is the forward / reverse KL).
+struct RowObjectives {
+  double ce, kl, reverse_kl, jsd, jsd_beta, tv;
+  double inv_temperature;  // 1 / T
+  bool teacher() const { return kl != 0 || reverse_kl != 0 || jsd != 0 || tv != 0; }
+};
+
 struct LossRows {
   RowDtype dtype;
   int64_t vocab;          // V, the row length
   void* student;          // (rows, V) logits; overwritten by dL/dlogits if want_grad
-  const void* teacher;    // (rows, V) logits, or nullptr when kl_weight == 0
+  const void* teacher;    // (rows, V) logits, or nullptr when no term needs the teacher
   const int64_t* labels;  // (rows)
   const double* weights;  // (rows) loss weight w
-  double ce_weight, kl_weight, inv_temperature;
+  RowObjectives obj;
   bool want_grad;
   double* ce;       // (rows) out: CE of each row
-  double* kl;       // (rows) out: KL(p_t || p_s) of each row (0 without teacher)
+  double* kl;       // (rows) out: KL(p_t || p_s) of each row (0 when kl == 0)
+  double* reverse_kl;  // (rows) out: KL(p_s || p_t) (0 when reverse_kl == 0)
+  double* jsd;         // (rows) out: JSD_beta (0 when jsd == 0)
+  double* tv;          // (rows) out: total variation (0 when tv == 0)
   int64_t* argmax;  // (rows) out: first index of the largest student logit
 };
 
@@ -56,5 +67,8 @@ void softmax_backward_rows(const AttentionRows& a, const void* lse, const void* 
 // Exposed for tests: the float exp of the baseline clone (relative error
 // < 1e-7 on [-87.3, 88.3]; clamped to exp(-87.3) below, +inf above 88.3).
 float fast_expf(float x);
+// log(1 + x) for x in [0, 1] (relative error < 2e-7): the log-sum-exp
+// correction of the JSD mixture.
+float fast_log1pf(float x);
 
 }  // namespace dflash::optimized

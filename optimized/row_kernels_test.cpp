@@ -1,4 +1,4 @@
-// The row kernels' edge cases: the vectorised exp's accuracy, a NaN row (the
+// The row kernels' edge cases: the vectorised exp's and log1p's accuracy, a NaN row (the
 // argmax scan must stay in bounds), and attention rows that see nothing in a
 // tile (statistics unchanged, no write before the row).
 #include "optimized/row_kernels.h"
@@ -22,15 +22,38 @@ TEST(RowKernels, FastExpIsAccurate) {
   EXPECT_GT(fast_expf(-200.0f), 0.0f);  // clamped, never 0 or NaN
 }
 
+// The JSD mixture's log-sum-exp correction: log(1 + x) on [0, 1], tiny x
+// included (where log(1 + x) computed as written would round to 0).
+TEST(RowKernels, FastLog1pIsAccurate) {
+  double worst = 0;
+  for (double x = 1.0; x > 1e-30; x *= 0.937) {
+    const double e = std::log1p(double(float(x)));
+    worst = std::max(worst, std::abs(double(fast_log1pf(float(x))) - e) / e);
+  }
+  EXPECT_LT(worst, 2e-7);
+  EXPECT_EQ(fast_log1pf(0.0f), 0.0f);
+}
+
 TEST(RowKernels, NanRowStaysInBounds) {
   const int64_t V = 8;
   std::vector<float> zs(V, 1.0f);
   zs[0] = std::numeric_limits<float>::quiet_NaN();
   std::vector<int64_t> labels{3}, argmax{-1};
-  std::vector<double> w{1.0}, ce{0}, kl{0};
-  LossRows a{RowDtype::kFloat32, V,         zs.data(),    nullptr, labels.data(),
-             w.data(),           1.0,       0.0,          1.0,     true,
-             ce.data(),          kl.data(), argmax.data()};
+  std::vector<double> w{1.0}, ce{0}, kl{0}, rkl{0}, jsd{0}, tv{0};
+  LossRows a{RowDtype::kFloat32,
+             V,
+             zs.data(),
+             nullptr,
+             labels.data(),
+             w.data(),
+             {1.0, 0.0, 0.0, 0.0, 0.5, 0.0, 1.0},
+             true,
+             ce.data(),
+             kl.data(),
+             rkl.data(),
+             jsd.data(),
+             tv.data(),
+             argmax.data()};
   loss_rows(a, 0, 1);
   EXPECT_GE(argmax[0], 0);
   EXPECT_LT(argmax[0], V);

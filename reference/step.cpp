@@ -7,11 +7,17 @@
 //   - no mixed-precision tricks: bfloat16 runs cast the fp32 masters and
 //     compute in bf16, with only the softmax/norm statistics in fp32;
 //   - no distribution: one process, one batch; sums are returned beside the
-//     ratios so callers can normalise globally.
+//     ratios so callers can normalise globally;
+//   - no fused objectives: every distillation term (docs/LOSSES.md) is its
+//     textbook formula on full (B, Q, V) log-probabilities, differentiated by
+//     autograd, and D-PACE's weights are built slot by slot as the paper
+//     writes them.
 // Everything it computes is what optimized/ must reproduce.
 #include "reference/step.h"
 
 #include "reference/layers.h"
+
+#include <vector>
 
 namespace dflash::reference {
 
@@ -91,6 +97,63 @@ at::Tensor drafter_hidden(const Config& c, const DrafterWeights& w, const Frozen
   return rms_norm(x, w.norm, s.rms_norm_eps);  // (B, Q, H)
 }
 
+// Per-position distillation terms (docs/LOSSES.md), each (B, Q), from the
+// student and teacher log-probabilities at temperature T. A term is computed
+// only when the loss uses it (its value is reported as 0 otherwise).
+DistillTerms distill_terms(const LossConfig& L, const at::Tensor& log_ps, const at::Tensor& log_pt) {
+  const at::Tensor ps = log_ps.exp(), pt = log_pt.exp();  // (B, Q, V)
+  const at::Tensor forward = (pt * (log_pt - log_ps)).sum(-1);  // KL(p_t || p_s), (B, Q)
+  const at::Tensor reverse = (ps * (log_ps - log_pt)).sum(-1);  // KL(p_s || p_t), (B, Q)
+  const at::Tensor none = at::zeros_like(forward);
+  DistillTerms t;
+  t.kl = L.kl_weight != 0 ? forward : none;
+  t.reverse_kl = L.reverse_kl_weight != 0 ? reverse : none;
+  t.jsd = none;
+  if (L.jsd_weight != 0) {
+    // beta = 0 and 1 are the two KLs (TRL's convention: the mixture formula
+    // itself vanishes there).
+    const double b = L.jsd_beta;
+    if (b == 0) {
+      t.jsd = forward;
+    } else if (b == 1) {
+      t.jsd = reverse;
+    } else {
+      // log m = log(b p_t + (1-b) p_s), by log-sum-exp over the two sides.
+      const at::Tensor log_m =
+          at::logsumexp(at::stack({log_pt + std::log(b), log_ps + std::log1p(-b)}), 0);
+      t.jsd = b * (pt * (log_pt - log_m)).sum(-1) + (1 - b) * (ps * (log_ps - log_m)).sum(-1);
+    }
+  }
+  t.tv = L.tv_weight != 0 ? 0.5 * (ps - pt).abs().sum(-1) : none;
+  return t;
+}
+
+// D-PACE (arXiv 2605.18810, Model-Optimizer's dflash plugin), written as the
+// paper states it, block by block: the drafter's confidence in the label
+// q_k = exp(-CE_k), smoothed (1-alpha) q_k + alpha; the cumulative
+// confidence C_k = prod over counted slots i <= k; w_k = sum over counted
+// m >= k of C_m. Detached: the weights carry no gradient. (B, Q) float64.
+at::Tensor dpace_weights(const at::Tensor& ce_tok, const at::Tensor& counted, int64_t bs,
+                         double alpha) {
+  const int64_t B = ce_tok.size(0), N = ce_tok.size(1) / bs;
+  const at::Tensor q = ce_tok.detach().to(at::kDouble).neg().exp().view({B, N, bs});  // (B, N, bs)
+  const at::Tensor c = counted.view({B, N, bs});
+  std::vector<at::Tensor> prefix;  // C_k per slot, 0 where not counted: (B, N) each
+  at::Tensor running = at::ones({B, N}, q.options());
+  for (int64_t k = 0; k < bs; ++k) {
+    const at::Tensor ck = c.select(2, k);
+    running = running * at::where(ck, (1 - alpha) * q.select(2, k) + alpha, 1.0);
+    prefix.push_back(running * ck);
+  }
+  std::vector<at::Tensor> w(static_cast<size_t>(bs));
+  at::Tensor suffix = at::zeros({B, N}, q.options());
+  for (int64_t k = bs - 1; k >= 0; --k) {
+    suffix = suffix + prefix[size_t(k)];
+    w[size_t(k)] = suffix * c.select(2, k);
+  }
+  return at::stack(w, 2).view({B, N * bs});
+}
+
 StepOutputs loss_and_metrics(const Config& c, const at::Tensor& D, const at::Tensor& Ht,
                              const at::Tensor& lm_head, const DraftLayout& layout,
                              const Anchors& a) {
@@ -101,26 +164,36 @@ StepOutputs loss_and_metrics(const Config& c, const at::Tensor& D, const at::Ten
   const at::Tensor lse = at::logsumexp(logits, -1);       // (B, Q)
   const at::Tensor ce_tok =
       lse - logits.gather(-1, layout.labels.unsqueeze(-1)).squeeze(-1);  // (B, Q)
-  // Teacher: the target's next-token distribution at anchor_n + k - 1. The
-  // KL (and its reported value) is only computed when kl_weight > 0.
-  at::Tensor kl_tok = at::zeros_like(ce_tok);  // (B, Q)
-  if (L.kl_weight != 0) {
+  // Teacher: the target's next-token distribution at anchor_n + k - 1,
+  // computed only when an objective needs it.
+  const at::Tensor none = at::zeros_like(ce_tok);  // (B, Q)
+  DistillTerms t{none, none, none, none};
+  if (L.uses_teacher()) {
     const at::Tensor teacher_h = Ht.gather(1, layout.teacher_index.unsqueeze(-1).expand({B, Q, H}));
     const at::Tensor teacher = project(teacher_h, lm_head).to(acc);          // (B, Q, V)
     const at::Tensor log_pt = at::log_softmax(teacher / L.temperature, -1);  // (B, Q, V)
     const at::Tensor log_ps = at::log_softmax(logits / L.temperature, -1);   // (B, Q, V)
-    kl_tok = (log_pt.exp() * (log_pt - log_ps)).sum(-1);                     // (B, Q)
+    t = distill_terms(L, log_ps, log_pt);
   }
 
-  const at::Tensor w = layout.weights.to(acc);  // (B, Q)
+  // Step 8's weights; D-PACE replaces the decay by its detached weights.
+  at::Tensor w = layout.weights.to(acc);  // (B, Q)
+  if (L.weighting == Weighting::kDpace)
+    w = (w * dpace_weights(ce_tok, layout.counted, layout.block_size, L.dpace_alpha)).to(acc);
   StepOutputs out;
-  const at::Tensor ce_sum = (w * ce_tok).sum(), kl_sum = (w * kl_tok).sum(), wsum = w.sum();
+  const at::Tensor wsum = w.sum();
   const at::Tensor den = at::where(wsum > 0, wsum, at::ones_like(wsum));  // 0/0 := 0
-  out.loss = L.ce_weight * ce_sum / den + L.kl_weight * kl_sum / den;
-  out.ce = (ce_sum / den).detach();
-  out.kl = (kl_sum / den).detach();
-  out.ce_sum = ce_sum.detach();
-  out.kl_sum = kl_sum.detach();
+  const at::Tensor ce_sum = (w * ce_tok).sum(), kl_sum = (w * t.kl).sum(),
+                   rkl_sum = (w * t.reverse_kl).sum(), jsd_sum = (w * t.jsd).sum(),
+                   tv_sum = (w * t.tv).sum();
+  out.loss = (L.ce_weight * ce_sum + L.kl_weight * kl_sum + L.reverse_kl_weight * rkl_sum +
+              L.jsd_weight * jsd_sum + L.tv_weight * tv_sum) /
+             den;
+  out.ce = (ce_sum / den).detach(), out.ce_sum = ce_sum.detach();
+  out.kl = (kl_sum / den).detach(), out.kl_sum = kl_sum.detach();
+  out.reverse_kl = (rkl_sum / den).detach(), out.reverse_kl_sum = rkl_sum.detach();
+  out.jsd = (jsd_sum / den).detach(), out.jsd_sum = jsd_sum.detach();
+  out.tv = (tv_sum / den).detach(), out.tv_sum = tv_sum.detach();
   out.weight_sum = wsum.detach();
 
   // Step 10: per-slot accuracy and the acceptance length tau.

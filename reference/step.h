@@ -45,6 +45,20 @@ at::Tensor drafter_layer(const at::Tensor& x, const at::Tensor& context,
 at::Tensor drafter_hidden(const Config& c, const DrafterWeights& w, const FrozenWeights& f,
                           const StepInputs& in, const DraftLayout& layout);
 
+// The distillation terms per position, (B, Q) each, from full (B, Q, V)
+// student and teacher log-probabilities at temperature T (docs/LOSSES.md);
+// a term whose weight is 0 comes back as zeros.
+struct DistillTerms {
+  at::Tensor kl, reverse_kl, jsd, tv;
+};
+DistillTerms distill_terms(const LossConfig& loss, const at::Tensor& log_ps,
+                           const at::Tensor& log_pt);
+
+// D-PACE weights (docs/LOSSES.md), (B, Q) float64, detached, from the per-slot
+// CE (B, Q) and the counted slots (B, Q) bool of blocks of `block_size`.
+at::Tensor dpace_weights(const at::Tensor& ce, const at::Tensor& counted, int64_t block_size,
+                         double alpha);
+
 // Loss and metrics from D with full (B, Q, V) logits (SPEC steps 8-10).
 StepOutputs loss_and_metrics(const Config& c, const at::Tensor& student_hidden,
                              const at::Tensor& target_hidden, const at::Tensor& lm_head,

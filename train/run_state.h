@@ -17,18 +17,21 @@
 namespace dflash::train::detail {
 
 struct Sums {
-  double num = 0, den = 0, ce = 0, kl = 0, accept = 0, kept = 0;
+  double num = 0, den = 0, ce = 0, kl = 0, reverse_kl = 0, jsd = 0, tv = 0, accept = 0, kept = 0;
   at::Tensor correct, counted;  // (bs) int64
   void add(const StepOutputs& out) {
     const double d = out.weight_sum.item<double>();
     num += out.loss.item<double>() * d, den += d;
     ce += out.ce_sum.item<double>(), kl += out.kl_sum.item<double>();
+    reverse_kl += out.reverse_kl_sum.item<double>(), jsd += out.jsd_sum.item<double>(),
+        tv += out.tv_sum.item<double>();
     accept += double(out.accept_sum.item<int64_t>()),
         kept += double(out.kept_blocks.item<int64_t>());
     correct = correct.defined() ? correct + out.correct : out.correct.clone();
     counted = counted.defined() ? counted + out.counted : out.counted.clone();
   }
   double loss() const { return den > 0 ? num / den : 0.0; }
+  double per_weight(double sum) const { return den > 0 ? sum / den : 0.0; }
   double tau() const { return kept > 0 ? 1.0 + accept / kept : 1.0; }
   std::vector<double> accuracy() const {
     std::vector<double> a;

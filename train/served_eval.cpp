@@ -51,7 +51,9 @@ StepOutputs teacher_forced(const ServedModels& m, const Config& c, int64_t bs,
                 at::ones({1, N}, at::kBool).to(dev)};  // (1, N)
   at::NoGradGuard ng;
   Config cc = c;
-  cc.loss.kl_weight = 0, cc.loss.ce_weight = 1;  // the teacher is not needed for tau
+  // tau needs neither the teacher nor the loss weights: CE alone, uniform.
+  const LossConfig tau_loss{1.0, 0.0, 1.0, 0.0, c.loss.chunk_size};
+  cc.loss = tau_loss;
   cc.data.block_size = bs;
   return m.tau_fn(cc, *m.drafter, m.target->frozen(), in);
 }
