@@ -107,8 +107,10 @@ case "$case_name" in
     ;;
   bench_smoke)
     # The bench runs end to end and writes its JSON; its figures are not judged here.
-    "$dflash" bench --quick --repeats 1 --case attention --case step --json "$tmp/bench.json"
+    "$dflash" bench --quick --repeats 1 --case attention --case step --case objectives \
+      --json "$tmp/bench.json"
     grep -q '"time_ratio"' "$tmp/bench.json"
+    grep -q '"time_ratio_vs_ce_kl"' "$tmp/bench.json"
     grep -q '"peak_ratio"' "$tmp/bench.json"
     "$dflash" bench --dist > "$tmp/dist.txt" 2>&1
     grep -q "busbw" "$tmp/dist.txt"

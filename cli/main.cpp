@@ -85,8 +85,10 @@ void add_bench(CLI::App& app, Subcommands& subs) {
   auto* b = app.add_subcommand("bench",
                                "Reference vs optimized on the same inputs: time ratio, "
                                "peak-memory ratio, FLOPs and fraction of the GEMM rate");
-  b->add_option("--case", a->cases, "loss, attention, step (default: all)")
-      ->check(CLI::IsMember({"loss", "attention", "step"}));
+  b->add_option("--case", a->cases,
+                "loss, objectives (the fused loss per objective vs CE + KL), attention, step "
+                "(default: all)")
+      ->check(CLI::IsMember({"loss", "objectives", "attention", "step"}));
   b->add_flag("--quick", a->quick, "CI-sized inputs (seconds instead of minutes)");
   b->add_option("--repeats", a->repeats, "Runs per path; the best time is reported");
   b->add_option("--json", a->json, "Also write the results as JSON");

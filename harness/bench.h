@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "core/config.h"
+
 namespace dflash::harness {
 
 struct PathResult {
@@ -42,6 +44,14 @@ struct BenchWhere {
   bool gpu_sizes() const { return !quick && !device.is_cpu(); }
 };
 std::unique_ptr<BenchCase> loss_case(const BenchWhere& w);
+// The objectives table of `dflash bench` (--case objectives): the loss case
+// with each objective of docs/LOSSES.md, CE + KL first (the baseline).
+struct LossObjective {
+  const char* name;
+  LossConfig loss;  // chunk_size is the case's
+};
+std::vector<LossObjective> loss_objectives();
+std::unique_ptr<BenchCase> loss_case(const BenchWhere& w, const LossObjective& objective);
 std::unique_ptr<BenchCase> attention_case(const BenchWhere& w);
 std::unique_ptr<BenchCase> step_case(const BenchWhere& w);
 

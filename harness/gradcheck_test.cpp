@@ -47,6 +47,36 @@ const GradcheckCase kCases[] = {
        c.target.tie_word_embeddings = true;
        c.data.batch_size = 1;
      }},
+    // The objectives of docs/LOSSES.md, each alone so its own gradient
+    // path is what the difference sees (plus CE where it shares a row).
+    {"reverse_kl_only",
+     [](Config& c) {
+       c.loss.ce_weight = 0, c.loss.kl_weight = 0, c.loss.reverse_kl_weight = 1;
+       c.loss.temperature = 1.3;
+     }},
+    {"jsd_beta_0_3_with_ce",
+     [](Config& c) {
+       c.loss.kl_weight = 0, c.loss.jsd_weight = 1, c.loss.jsd_beta = 0.3;
+     }},
+    {"tv_only_uniform",
+     [](Config& c) {
+       c.loss.ce_weight = 0, c.loss.kl_weight = 0, c.loss.tv_weight = 1;
+       c.loss.gamma = 0, c.loss.weighting = Weighting::kUniform;
+     }},
+    {"all_objectives_mixed",
+     [](Config& c) {
+       c.loss.ce_weight = 0.5, c.loss.kl_weight = 0.3, c.loss.reverse_kl_weight = 0.2;
+       c.loss.jsd_weight = 0.7, c.loss.jsd_beta = 0.8, c.loss.tv_weight = 0.4;
+     }},
+    // D-PACE's weights are detached, so a finite difference (which moves
+    // them) would not match for alpha < 1; at alpha = 1 they are constant
+    // (C_k = 1, w_k = counted slots from k on) and the weighted path is
+    // checked exactly. That the weights carry no gradient for alpha < 1 is
+    // Dpace.WeightsCarryNoGradient (optimized/objectives_test.cpp).
+    {"dpace_alpha_1_kl",
+     [](Config& c) {
+       c.loss.gamma = 0, c.loss.weighting = Weighting::kDpace, c.loss.dpace_alpha = 1;
+     }},
 };
 
 class ReferenceGradcheck : public ::testing::TestWithParam<GradcheckCase> {};

@@ -6,41 +6,77 @@
 
 namespace dflash::harness {
 
-Formula chunked_loss_bytes(int64_t M, int64_t Ns, int64_t H, int64_t V, int64_t C, bool kl,
-                           int64_t e, optimized::Kernels kernels) {
-  const double k = kl ? 1 : 0;
+LossTerms LossTerms::of(const LossConfig& l) {
+  LossTerms t;
+  t.teacher = l.uses_teacher();
+  t.student_probs = l.reverse_kl_weight != 0 || l.tv_weight != 0 ||
+                    (l.jsd_weight != 0 && l.jsd_beta != 0);
+  t.mixture = l.jsd_weight != 0 && l.jsd_beta != 0 && l.jsd_beta != 1;
+  for (double w : {l.kl_weight, l.reverse_kl_weight, l.jsd_weight, l.tv_weight})
+    t.distill_terms += w != 0;
+  return t;
+}
+
+std::string LossTerms::text() const {
+  if (!teacher) return "ce";
+  return fmt::format("teacher{}{}, {} term(s)", student_probs ? " + p_s" : "",
+                     mixture ? " + mixture" : "", distill_terms);
+}
+
+namespace {
+
+// The ATen twin's (n, V) working set per element, in bytes.
+double aten_row_bytes(const LossTerms& t, double up, double a) {
+  if (!t.teacher) return up + a;
+  if (!t.student_probs) return up + 3 * a + 1;
+  return up + 7 * a + 2 + (t.mixture ? a : 0);
+}
+
+}  // namespace
+
+Formula chunked_loss_bytes(int64_t M, int64_t Ns, int64_t H, int64_t V, int64_t C,
+                           const LossTerms& terms, int64_t e, optimized::Kernels kernels) {
+  const double k = terms.teacher ? 1 : 0;
   const double a = e == 8 ? 8 : 4, up = e < a ? a : 0;
-  const double rows = kernels == optimized::Kernels::kAten
-                          ? double(std::min(C, M) * V) * (kl ? up + 3 * a + 1 : up + a)
-                          : 0.0;
+  const bool aten = kernels == optimized::Kernels::kAten;
+  const double per = aten ? aten_row_bytes(terms, up, a) : 0.0;
+  const double rows = double(std::min(C, M) * V) * per;
   const double fwd = double(Ns * H * e) + (1 + k) * double(C * V * e) +
                      (2 + k) * double(C * H * e) + 56.0 * double(M) + rows;
   const double bwd = 2.0 * double(Ns * H * e);
-  return {
-      std::max(fwd, bwd),
-      fmt::format("max(NsHe + (1+kl)CVe + (2+kl)CHe + 56M + rows, 2NsHe), rows = {} "
-                  "({} kernels), M={} Ns={} H={} V={} C={} kl={} e={}",
-                  kernels == optimized::Kernels::kAten ? (kl ? "CV(up+3a+1)" : "CV(up+a)") : "0",
-                  optimized::kernels_name(kernels), M, Ns, H, V, C, kl, e)};
+  return {std::max(fwd, bwd),
+          fmt::format("max(NsHe + (1+t)CVe + (2+t)CHe + 56M + rows, 2NsHe), rows = CV x {} B "
+                      "({} kernels), M={} Ns={} H={} V={} C={} loss {} e={}",
+                      per, optimized::kernels_name(kernels), M, Ns, H, V, C, terms.text(), e)};
 }
 
-Formula chunked_no_recompute_loss_bytes(int64_t Q, int64_t V, int64_t C, bool kl, int64_t e) {
-  const double up = e < 4 ? 4 : 0, k = kl ? 1 : 0;
+Formula chunked_no_recompute_loss_bytes(int64_t Q, int64_t V, int64_t C, const LossTerms& terms,
+                                        int64_t e) {
+  const double up = e < 4 ? 4 : 0, k = terms.teacher ? 1 : 0;
+  // Saved per element: 8 bytes for the teacher's terms, 4 more for the
+  // student's probabilities, 16 more for the mixture, 1 for each
+  // further term; transients alike.
+  const double saved = 8 * k + (terms.student_probs ? 4 : 0) + (terms.mixture ? 16 : 0) +
+                       1.0 * std::max(0, terms.distill_terms - 1);
+  const double transient = 2 * k + (terms.student_probs ? 1 : 0) + (terms.mixture ? 4 : 0);
   double peak = 0;
   for (int64_t r0 = 0; r0 < Q; r0 += std::max<int64_t>(C, 1)) {
     const int64_t n = std::min(C, Q - r0);
-    peak = std::max(peak, double(V) * ((double(e) + up + 8 * k) * double(r0 + n) +
-                                       4.0 * (3 + 2 * k) * double(n)));
+    peak = std::max(peak, double(V) * ((double(e) + up + saved) * double(r0 + n) +
+                                       4.0 * (3 + transient) * double(n)));
   }
-  return {peak, fmt::format("max over chunks of V(e + up + 8kl)(rows so far) + 4V(3+2kl)n, Q={} "
-                            "V={} C={} kl={} e={}",
-                            Q, V, C, kl, e)};
+  return {peak, fmt::format("max over chunks of V(e + up + {})(rows so far) + 4V(3+{})n, Q={} "
+                            "V={} C={} loss {} e={}",
+                            saved, transient, Q, V, C, terms.text(), e)};
 }
 
-Formula unchunked_loss_bytes(int64_t Q, int64_t V, bool kl, int64_t e) {
-  const double bytes = 4.0 * double(Q) * double(V) * (5 + 2 * (kl ? 1 : 0)) +
+Formula unchunked_loss_bytes(int64_t Q, int64_t V, const LossTerms& terms, int64_t e) {
+  const double copies = 5 + 2 * (terms.teacher ? 1 : 0) + (terms.student_probs ? 1 : 0) +
+                        7 * (terms.mixture ? 1 : 0) + std::max(0, terms.distill_terms - 1);
+  const double bytes = 4.0 * double(Q) * double(V) * copies +
                        (e < 4 ? double(e) * double(Q) * double(V) : 0.0);
-  return {bytes, fmt::format("4QV(5+2kl) (+ eQV when e < 4), Q={} V={} kl={}", Q, V, kl)};
+  return {bytes, fmt::format("4QV x {} copies (+ eQV when e < 4), Q={} V={} loss {}", copies, Q,
+                             V, terms.text())};
 }
 
 Formula sparse_attention_bytes(int64_t B, int64_t nh, int64_t nkv, int64_t Q, int64_t S, int64_t hd,

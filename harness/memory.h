@@ -21,23 +21,44 @@ struct Formula {
   std::string text;  // the formula, for reports
 };
 
+// What the loss computes, as far as its memory goes (docs/LOSSES.md): the
+// teacher's logits exist when any distillation term is on; reverse KL, TV
+// and JSD at 0 < beta need the student's probabilities beside the
+// teacher's (the ATen twin's general path); JSD at 0 < beta < 1 the
+// mixture log m. From a bool: CE alone (false) or CE + forward KL (true).
+struct LossTerms {
+  bool teacher = false;
+  bool student_probs = false;
+  bool mixture = false;
+  int distill_terms = 0;  // how many of kl, reverse_kl, jsd, tv are on
+  LossTerms(bool kl = false) : teacher(kl), distill_terms(kl ? 1 : 0) {}  // NOLINT
+  static LossTerms of(const LossConfig& loss);
+  std::string text() const;  // "ce+kl", "ce+jsd(mixture)+tv", ...
+};
+
 // Fused chunked loss over M weighted rows (Ns student rows), chunk C:
-//   forward  NsHe + (1+kl)CVe + (2+kl)CHe + 56M + rows; backward 2NsHe; the max.
-// rows is the row work's own working set: 0 for the host kernels (in place);
-// for the ATen twin (optimized/aten_rows.h) CV(up + a) without the KL and
-// CV(up + 3a + 1) with it (fp32 temporaries, up = a when e < a for the
-// upcast student logits, 1 byte for the p_t = 0 mask).
-Formula chunked_loss_bytes(int64_t M, int64_t Ns, int64_t H, int64_t V, int64_t C, bool kl,
-                           int64_t e, optimized::Kernels kernels = optimized::Kernels::kHost);
+//   forward  NsHe + (1+t)CVe + (2+t)CHe + 56M + rows; backward 2NsHe; the max
+// (t = 1 with a teacher). rows is the row work's own working set: 0 for the
+// host kernels (in place, every objective); for the ATen twin
+// (optimized/aten_rows.h) CV(up + a) for CE alone, CV(up + 3a + 1) with the
+// forward KL and CV(up + 7a + 2 (+ a with the JSD mixture)) on the general
+// path (fp32 temporaries, up = a when e < a for the upcast student logits,
+// bytes for the masks); measured, harness/memory_test.cpp.
+Formula chunked_loss_bytes(int64_t M, int64_t Ns, int64_t H, int64_t V, int64_t C,
+                           const LossTerms& terms, int64_t e,
+                           optimized::Kernels kernels = optimized::Kernels::kHost);
 // Plain autograd per chunk (no recomputation): every chunk's logits and, in
-// fp32, (1 + 2kl) copies of them stay alive until backward, plus the current
-// chunk's transients; the peak is the max over chunks i of
-//   V (e + up + 8kl) (rows through chunk i) + 4 V (3 + 2kl) n_i,
-// up = 4 when e < 4 (the fp32 upcast of low-precision logits).
-Formula chunked_no_recompute_loss_bytes(int64_t Q, int64_t V, int64_t C, bool kl, int64_t e);
-// The reference's full logits: (5 + 2kl) fp32 copies of (Q, V), plus the
-// low-precision logits when e < 4.
-Formula unchunked_loss_bytes(int64_t Q, int64_t V, bool kl, int64_t e);
+// fp32, the arrays autograd saves for the terms stay alive until backward,
+// plus the current chunk's transients; the peak is the max over chunks i of
+//   V (e + up + s) (rows through chunk i) + 4 V (3 + x) n_i,
+// up = 4 when e < 4 (the fp32 upcast of low-precision logits); s and x, the
+// saved and transient bytes per element of the terms, are in the .cpp.
+Formula chunked_no_recompute_loss_bytes(int64_t Q, int64_t V, int64_t C, const LossTerms& terms,
+                                        int64_t e);
+// The reference's full logits: 4QV(5 + 2t + p + 7m + (terms - 1)) fp32
+// copies of (Q, V) (t teacher, p the student's probabilities, m the JSD
+// mixture), plus the low-precision logits when e < 4.
+Formula unchunked_loss_bytes(int64_t Q, int64_t V, const LossTerms& terms, int64_t e);
 
 // Block-sparse attention, forward + backward, per call. R = (nh/nkv) Q.
 //   e(2 B nh Q hd + 2 B nkv (S+Q) hd) + a B nh Q + (3e+3a) R hd + 2a (S+Q) hd

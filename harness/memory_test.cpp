@@ -11,6 +11,8 @@
 #include "optimized/chunked_loss.h"
 #include "optimized/sparse_attention.h"
 #include "optimized/step.h"
+#include "harness/zoo.h"
+#include "reference/step.h"
 
 namespace dflash::harness {
 namespace {
@@ -133,6 +135,69 @@ TEST_P(MemoryCeiling, SparseAttentionPeakDoesNotGrowWithSAtFixedTile) {
   const double per_key = 4.0 * nkv * hd * 2 /* dk, dv */ + 4.0 * hd * 2 /* accumulators */;
   EXPECT_LE(double(pb - pa), (2048 - 512) * per_key * kSlack + kSlackBytes)
       << "peaks " << pa << " -> " << pb;
+}
+
+// The objectives of docs/LOSSES.md, each alone and all together: the
+// teacher-only path (forward KL, JSD at beta = 0), the general path
+// (reverse KL, TV, JSD at beta = 1) and the JSD mixture.
+struct ObjectiveRow {
+  const char* name;
+  double kl, reverse_kl, jsd, jsd_beta, tv;
+};
+constexpr ObjectiveRow kObjectiveRows[] = {
+    {"kl", 1, 0, 0, 0.5, 0},          {"reverse_kl", 0, 1, 0, 0.5, 0},
+    {"jsd", 0, 0, 1, 0.5, 0},         {"jsd_beta_0", 0, 0, 1, 0, 0},
+    {"jsd_beta_1", 0, 0, 1, 1, 0},    {"tv", 0, 0, 0, 0.5, 1},
+    {"all", 0.3, 0.2, 0.7, 0.3, 0.4},
+};
+
+void set_objective(LossConfig& l, const ObjectiveRow& o) {
+  l.kl_weight = o.kl, l.reverse_kl_weight = o.reverse_kl, l.jsd_weight = o.jsd;
+  l.jsd_beta = o.jsd_beta, l.tv_weight = o.tv;
+}
+
+void expect_under(const char* what, const ObjectiveRow& o, int64_t peak, const Formula& f) {
+  EXPECT_LE(double(peak), f.bytes * kSlack + kSlackBytes)
+      << what << " " << o.name << ": " << f.text << " measured " << peak;
+  EXPECT_GE(double(peak), f.bytes * 0.5)
+      << what << " " << o.name << ": formula far above measurement: " << f.text;
+  if (std::getenv("DFLASH_VERBOSE"))
+    std::cout << what << " " << o.name << " measured/formula " << double(peak) / f.bytes << "\n";
+}
+
+TEST_P(MemoryCeiling, EveryObjectiveUnderItsFormula) {
+  const int64_t Q = 512, H = 64, V = 4096, C = 64;
+  for (const ObjectiveRow& o : kObjectiveRows) {
+    LossSetup s = loss_setup(Q, H, V, C, true, GetParam());
+    set_objective(s.cfg.loss, o);
+    const int64_t peak = loss_peak(s);
+    expect_under("fused", o, peak,
+                 chunked_loss_bytes(Q, Q, H, V, C, LossTerms::of(s.cfg.loss), 4, GetParam()));
+  }
+}
+
+// The planner's what-if rows: the reference's full logits and plain
+// autograd per chunk (harness/zoo.h's no_recompute_loss), per objective.
+TEST(MemoryCeilingObjectives, UnfusedLossesUnderTheirFormulas) {
+  const int64_t Q = 256, H = 64, V = 4096, C = 64;
+  for (const ObjectiveRow& o : kObjectiveRows) {
+    for (bool chunked : {false, true}) {
+      LossSetup s = loss_setup(Q, H, V, C, true, optimized::Kernels::kHost);
+      set_objective(s.cfg.loss, o);
+      const LossFn fn = chunked ? no_recompute_loss() : LossFn(reference::loss_and_metrics);
+      AllocProbe::install();
+      int64_t peak = 0;
+      {
+        AllocProbe::Scope scope;
+        fn(s.cfg, s.D, s.Ht, s.W, s.layout, s.anchors).loss.backward();
+        peak = scope.peak_delta();
+      }
+      const LossTerms t = LossTerms::of(s.cfg.loss);
+      expect_under(chunked ? "no recompute" : "unchunked", o, peak,
+                   chunked ? chunked_no_recompute_loss_bytes(Q, V, C, t, 4)
+                           : unchunked_loss_bytes(Q, V, t, 4));
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Kernels, MemoryCeiling,

@@ -101,7 +101,7 @@ std::vector<PlanItem> drafter_items(const Config& c, const PlanVariant& v, int64
          "max(0, " + (v.dense_attention ? dense.text : sparse.text) + " - e(2.2BQI + 2BQH))"});
   }
   const int64_t C = c.loss.chunk_size > 0 ? std::min(c.loss.chunk_size, B * Q) : B * Q;
-  const bool kl = c.loss.kl_weight != 0;
+  const LossTerms kl = LossTerms::of(c.loss);
   Formula loss;
   if (v.loss == LossMode::kFused)
     loss = chunked_loss_bytes(B * Q, B * Q, H, V, C, kl, e, v.kernels);

@@ -160,30 +160,40 @@ StepOutputs chunk_logits_alive(const Config& c, const at::Tensor& D, const at::T
           .index_select(0, rows);
   const at::Tensor labels = l.labels.reshape(-1).index_select(0, rows);
   const at::Tensor w = l.weights.reshape(-1).index_select(0, rows).to(D.scalar_type());
-  at::Tensor num = at::zeros({}, D.scalar_type()), ce_sum = num.clone(), kl_sum = num.clone();
+  const LossConfig& L = c.loss;
+  at::Tensor num = at::zeros({}, D.scalar_type());
+  at::Tensor sums[5] = {num.clone(), num.clone(), num.clone(), num.clone(), num.clone()};
   at::Tensor hit = at::zeros({B * Q}, at::kBool);
   for (int64_t c0 = 0; c0 < M; c0 += C) {
     const int64_t n = std::min(C, M - c0);
     const at::Tensor z =
-        reference::project(Df.index_select(0, rows.narrow(0, c0, n)), W);  // kept alive
+        reference::project(Df.index_select(0, rows.narrow(0, c0, n)), W);  // (n, V) kept alive
     const at::Tensor lab = labels.narrow(0, c0, n), wc = w.narrow(0, c0, n);
     const at::Tensor ce = at::logsumexp(z, -1) - z.gather(1, lab.unsqueeze(1)).squeeze(1);
-    at::Tensor kl = at::zeros_like(ce);
-    if (c.loss.kl_weight != 0) {
+    const at::Tensor none = at::zeros_like(ce);  // (n)
+    reference::DistillTerms t{none, none, none, none};
+    if (L.uses_teacher()) {
       const at::Tensor zt = reference::project(Hf.index_select(0, trows.narrow(0, c0, n)), W);
-      const at::Tensor lpt = at::log_softmax(zt / c.loss.temperature, -1);
-      kl = (lpt.exp() * (lpt - at::log_softmax(z / c.loss.temperature, -1))).sum(-1);
+      t = reference::distill_terms(L, at::log_softmax(z / L.temperature, -1),
+                                   at::log_softmax(zt / L.temperature, -1));
     }
-    num = num + (wc * (c.loss.ce_weight * ce + c.loss.kl_weight * kl)).sum();
-    ce_sum = ce_sum + (wc * ce).sum().detach();
-    kl_sum = kl_sum + (wc * kl).sum().detach();
+    const at::Tensor terms[5] = {ce, t.kl, t.reverse_kl, t.jsd, t.tv};
+    const double weights[5] = {L.ce_weight, L.kl_weight, L.reverse_kl_weight, L.jsd_weight,
+                               L.tv_weight};
+    for (int i = 0; i < 5; ++i) {
+      num = num + weights[i] * (wc * terms[i]).sum();
+      sums[i] = sums[i] + (wc * terms[i]).sum().detach();
+    }
     hit.index_put_({rows.narrow(0, c0, n)}, z.argmax(-1) == lab);
   }
   StepOutputs o;
   o.weight_sum = w.sum().detach();
   const at::Tensor den = at::where(o.weight_sum > 0, o.weight_sum, at::ones_like(o.weight_sum));
-  o.loss = num / den, o.ce = ce_sum / den, o.kl = kl_sum / den, o.ce_sum = ce_sum,
-  o.kl_sum = kl_sum;
+  o.loss = num / den;
+  o.ce_sum = sums[0], o.kl_sum = sums[1], o.reverse_kl_sum = sums[2], o.jsd_sum = sums[3],
+  o.tv_sum = sums[4];
+  o.ce = o.ce_sum / den, o.kl = o.kl_sum / den, o.reverse_kl = o.reverse_kl_sum / den,
+  o.jsd = o.jsd_sum / den, o.tv = o.tv_sum / den;
   o.set_metrics(slot_metrics(hit.view({B, Q}), l, a));
   o.student_hidden = D.detach();
   return o;

@@ -53,12 +53,8 @@ __attribute__((always_inline)) inline void store(float* p, int64_t i, float v) {
 __attribute__((always_inline)) inline void store(double* p, int64_t i, double v) { p[i] = v; }
 __attribute__((always_inline)) inline void store(Bf16* p, int64_t i, float v) {
   uint32_t u = float_to_bits(v);
-  if (std::isnan(v)) {
-    p[i].x = 0x7fc0;
-    return;
-  }
   u += 0x7fff + ((u >> 16) & 1);
-  p[i].x = uint16_t(u >> 16);
+  p[i].x = std::isnan(v) ? uint16_t(0x7fc0) : uint16_t(u >> 16);  // a select, not a branch
 }
 __attribute__((always_inline)) inline float exp_acc(float x) { return expf_inline(x); }
 __attribute__((always_inline)) inline double exp_acc(double x) { return std::exp(x); }
@@ -172,7 +168,7 @@ struct RowLogs {
 };
 
 template <typename T, typename Acc, bool jsd>
-DFLASH_INLINE TermSums<Acc> term_sums(const T* zs, const T* zt, int64_t V, const RowLogs<Acc>& r) {
+DFLASH_INLINE TermSums<Acc> term_sums(const T* zs, const T* zt, int64_t V, const RowLogs<Acc> r) {
   Acc kl = 0, rkl_c = 0, l1 = 0, p_pos = 0, p_neg = 0, p_zero = 0, kl_tm = 0, kl_sm = 0;
 #pragma omp simd reduction(+ : kl, rkl_c, l1, p_pos, p_neg, p_zero, kl_tm, kl_sm)
   for (int64_t v = 0; v < V; ++v) {
@@ -182,9 +178,9 @@ DFLASH_INLINE TermSums<Acc> term_sums(const T* zs, const T* zt, int64_t V, const
     kl += pt * (log_pt - log_ps);
     rkl_c += ps * ((log_ps - log_pt) - r.d_star);
     l1 += std::abs(d);
-    p_pos += d > 0 ? ps : Acc(0);
-    p_neg += d < 0 ? ps : Acc(0);
-    p_zero += d == 0 ? ps : Acc(0);
+    p_pos += ps * Acc(d > 0);
+    p_neg += ps * Acc(d < 0);
+    p_zero += ps * Acc(d == 0);
     if (jsd) {
       const Acc log_m = log_add_exp(r.log_beta + log_pt, r.log_1m_beta + log_ps);
       kl_tm += pt * (log_pt - log_m);
@@ -206,9 +202,12 @@ struct GradScales {
 };
 
 template <typename T, typename Acc, bool same_t, bool jsd>
-DFLASH_INLINE void general_grad(T* zs, const T* zt, int64_t V, int64_t label, const RowLogs<Acc>& r,
-                                const GradScales<Acc>& g) {
-#pragma omp simd
+DFLASH_INLINE Acc general_grad(T* zs, const T* zt, int64_t V, int64_t label, const RowLogs<Acc> r,
+                                const GradScales<Acc> g) {
+  // r and g by value: fields read through a reference could alias the row
+  // being written, which keeps GCC from if-converting (vectorising) the loop.
+  Acc sum = 0;
+#pragma omp simd reduction(+ : sum)
   for (int64_t v = 0; v < V; ++v) {
     const Acc z = load(zs, v);
     const Acc log_ps = r.inv_t * z - r.lse_st;
@@ -222,8 +221,11 @@ DFLASH_INLINE void general_grad(T* zs, const T* zt, int64_t V, int64_t label, co
       const Acc log_m = log_add_exp(r.log_beta + log_pt, r.log_1m_beta + log_ps);
       inner += g.jsd * ((log_ps - log_m) - g.kl_sm);
     }
-    store(zs, v, g.ce * (p - Acc(v == label)) + g.kl * (ps - pt) + ps * inner);
+    const Acc grad = g.ce * (p - Acc(v == label)) + g.kl * (ps - pt) + ps * inner;
+    sum += grad;
+    store(zs, v, grad);
   }
+  return sum;
 }
 
 // Which terms a row computes; jsd at beta 0 / 1 is the forward / reverse KL.
@@ -276,12 +278,11 @@ DFLASH_INLINE void general_row(const LossRows& a, int64_t r, T* zs, const T* zt,
                           Acc(0.5) * (s.p_neg - s.p_pos),
                           plan.jsd_mid ? w * Acc(o.jsd * (1 - b)) * it : Acc(0),
                           s.kl_sm};
-  if (plan.jsd_mid)
-    same_t ? general_grad<T, Acc, true, true>(zs, zt, V, label, lg, g)
-           : general_grad<T, Acc, false, true>(zs, zt, V, label, lg, g);
-  else
-    same_t ? general_grad<T, Acc, true, false>(zs, zt, V, label, lg, g)
-           : general_grad<T, Acc, false, false>(zs, zt, V, label, lg, g);
+  const Acc sum = plan.jsd_mid ? (same_t ? general_grad<T, Acc, true, true>(zs, zt, V, label, lg, g)
+                                         : general_grad<T, Acc, false, true>(zs, zt, V, label, lg, g))
+                 : same_t ? general_grad<T, Acc, true, false>(zs, zt, V, label, lg, g)
+                          : general_grad<T, Acc, false, false>(zs, zt, V, label, lg, g);
+  if (a.grad_sum) a.grad_sum[r] = double(sum);
 }
 
 template <typename T, typename Acc>

@@ -38,6 +38,11 @@ struct LossRows {
   double* jsd;         // (rows) out: JSD_beta (0 when jsd == 0)
   double* tv;          // (rows) out: total variation (0 when tv == 0)
   int64_t* argmax;  // (rows) out: first index of the largest student logit
+  // (rows) optional out, general path with want_grad: the sum of each row's
+  // gradient, 0 analytically (every term is a softmax-Jacobian product), a
+  // check for tests. Computing it also keeps that loop a reduction, which
+  // GCC 12 vectorises where the plain store loop stayed scalar.
+  double* grad_sum = nullptr;
 };
 
 // Processes rows [begin, end) of `a`. Thread-safe across disjoint ranges.

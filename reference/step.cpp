@@ -101,22 +101,26 @@ at::Tensor drafter_hidden(const Config& c, const DrafterWeights& w, const Frozen
 // student and teacher log-probabilities at temperature T. A term is computed
 // only when the loss uses it (its value is reported as 0 otherwise).
 DistillTerms distill_terms(const LossConfig& L, const at::Tensor& log_ps, const at::Tensor& log_pt) {
-  const at::Tensor ps = log_ps.exp(), pt = log_pt.exp();  // (B, Q, V)
-  const at::Tensor forward = (pt * (log_pt - log_ps)).sum(-1);  // KL(p_t || p_s), (B, Q)
-  const at::Tensor reverse = (ps * (log_ps - log_pt)).sum(-1);  // KL(p_s || p_t), (B, Q)
-  const at::Tensor none = at::zeros_like(forward);
-  DistillTerms t;
-  t.kl = L.kl_weight != 0 ? forward : none;
-  t.reverse_kl = L.reverse_kl_weight != 0 ? reverse : none;
-  t.jsd = none;
+  // Each term only when its weight asks for it (the full-logits arrays are
+  // what bounds the reference's memory).
+  const bool student_probs =
+      L.reverse_kl_weight != 0 || L.tv_weight != 0 || (L.jsd_weight != 0 && L.jsd_beta != 0);
+  const at::Tensor pt = log_pt.exp();                                     // (B, Q, V)
+  const at::Tensor ps = student_probs ? log_ps.exp() : at::Tensor();     // (B, Q, V)
+  auto forward = [&] { return (pt * (log_pt - log_ps)).sum(-1); };  // KL(p_t || p_s), (B, Q)
+  auto reverse = [&] { return (ps * (log_ps - log_pt)).sum(-1); };  // KL(p_s || p_t), (B, Q)
+  const at::Tensor none = at::zeros_like(log_ps.select(-1, 0));  // (B, Q)
+  DistillTerms t{none, none, none, none};
+  if (L.kl_weight != 0) t.kl = forward();
+  if (L.reverse_kl_weight != 0) t.reverse_kl = reverse();
   if (L.jsd_weight != 0) {
     // beta = 0 and 1 are the two KLs (TRL's convention: the mixture formula
     // itself vanishes there).
     const double b = L.jsd_beta;
     if (b == 0) {
-      t.jsd = forward;
+      t.jsd = forward();
     } else if (b == 1) {
-      t.jsd = reverse;
+      t.jsd = reverse();
     } else {
       // log m = log(b p_t + (1-b) p_s), by log-sum-exp over the two sides.
       const at::Tensor log_m =
@@ -124,7 +128,7 @@ DistillTerms distill_terms(const LossConfig& L, const at::Tensor& log_ps, const 
       t.jsd = b * (pt * (log_pt - log_m)).sum(-1) + (1 - b) * (ps * (log_ps - log_m)).sum(-1);
     }
   }
-  t.tv = L.tv_weight != 0 ? 0.5 * (ps - pt).abs().sum(-1) : none;
+  if (L.tv_weight != 0) t.tv = 0.5 * (ps - pt).abs().sum(-1);
   return t;
 }
 
