@@ -133,6 +133,11 @@ struct LossConfig {
   bool uses_teacher() const {
     return kl_weight != 0 || reverse_kl_weight != 0 || jsd_weight != 0 || tv_weight != 0;
   }
+  // Objectives that need the student's probabilities beside the teacher's
+  // (reverse KL, TV, JSD at beta > 0); forward KL and CE do not.
+  bool uses_student_probs() const {
+    return reverse_kl_weight != 0 || tv_weight != 0 || (jsd_weight != 0 && jsd_beta != 0);
+  }
 };
 
 struct RunConfig {

@@ -9,8 +9,7 @@ namespace dflash::harness {
 LossTerms LossTerms::of(const LossConfig& l) {
   LossTerms t;
   t.teacher = l.uses_teacher();
-  t.student_probs = l.reverse_kl_weight != 0 || l.tv_weight != 0 ||
-                    (l.jsd_weight != 0 && l.jsd_beta != 0);
+  t.student_probs = l.uses_student_probs();
   t.mixture = l.jsd_weight != 0 && l.jsd_beta != 0 && l.jsd_beta != 1;
   for (double w : {l.kl_weight, l.reverse_kl_weight, l.jsd_weight, l.tv_weight})
     t.distill_terms += w != 0;

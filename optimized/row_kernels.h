@@ -39,9 +39,8 @@ struct LossRows {
   double* tv;          // (rows) out: total variation (0 when tv == 0)
   int64_t* argmax;  // (rows) out: first index of the largest student logit
   // (rows) optional out, general path with want_grad: the sum of each row's
-  // gradient, 0 analytically (every term is a softmax-Jacobian product), a
-  // check for tests. Computing it also keeps that loop a reduction, which
-  // GCC 12 vectorises where the plain store loop stayed scalar.
+  // gradient, 0 analytically (every term is a softmax-Jacobian product); a
+  // check for tests (row_kernels_test.cpp).
   double* grad_sum = nullptr;
 };
 

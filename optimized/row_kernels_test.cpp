@@ -60,6 +60,41 @@ TEST(RowKernels, NanRowStaysInBounds) {
   EXPECT_TRUE(std::isnan(ce[0]));  // reported, for the caller's finiteness checks
 }
 
+// Every objective's gradient is a softmax-Jacobian product, so each row of
+// it sums to 0: the general path reports that sum, and it is 0 to rounding.
+TEST(RowKernels, GeneralPathGradientRowsSumToZero) {
+  const int64_t V = 4099, R = 3;  // odd V: vector body and scalar tail both run
+  std::vector<float> zs(size_t(R * V)), zt(size_t(R * V));
+  for (int64_t i = 0; i < R * V; ++i) {
+    zs[size_t(i)] = float(std::sin(0.37 * double(i)) * 4.0);
+    zt[size_t(i)] = float(std::cos(0.11 * double(i)) * 4.0);
+  }
+  std::vector<int64_t> labels{3, 100, 4000}, argmax(R, -1);
+  std::vector<double> w(R, 1.0), ce(R), kl(R), rkl(R), jsd(R), tv(R), sums(R, 99.0);
+  LossRows a{RowDtype::kFloat32,
+             V,
+             zs.data(),
+             zt.data(),
+             labels.data(),
+             w.data(),
+             {0.5, 0.3, 0.4, 0.6, 0.3, 0.7, 1.0 / 1.3},
+             true,
+             ce.data(),
+             kl.data(),
+             rkl.data(),
+             jsd.data(),
+             tv.data(),
+             argmax.data(),
+             sums.data()};
+  loss_rows(a, 0, R);
+  for (int64_t r = 0; r < R; ++r) {
+    double abs_sum = 0;  // the row's gradient scale
+    for (int64_t v = 0; v < V; ++v) abs_sum += std::abs(double(zs[size_t(r * V + v)]));
+    ASSERT_GT(abs_sum, 0.0);
+    EXPECT_LT(std::abs(sums[size_t(r)]), 1e-5 * abs_sum) << "row " << r;
+  }
+}
+
 TEST(RowKernels, TileWithNothingVisibleLeavesStatisticsAlone) {
   // Two rows, three columns; row 0 sees keys < 2, row 1 (limit below the
   // tile's offset) sees none.

@@ -103,10 +103,8 @@ at::Tensor drafter_hidden(const Config& c, const DrafterWeights& w, const Frozen
 DistillTerms distill_terms(const LossConfig& L, const at::Tensor& log_ps, const at::Tensor& log_pt) {
   // Each term only when its weight asks for it (the full-logits arrays are
   // what bounds the reference's memory).
-  const bool student_probs =
-      L.reverse_kl_weight != 0 || L.tv_weight != 0 || (L.jsd_weight != 0 && L.jsd_beta != 0);
-  const at::Tensor pt = log_pt.exp();                                     // (B, Q, V)
-  const at::Tensor ps = student_probs ? log_ps.exp() : at::Tensor();     // (B, Q, V)
+  const at::Tensor pt = log_pt.exp();                                        // (B, Q, V)
+  const at::Tensor ps = L.uses_student_probs() ? log_ps.exp() : at::Tensor();  // (B, Q, V)
   auto forward = [&] { return (pt * (log_pt - log_ps)).sum(-1); };  // KL(p_t || p_s), (B, Q)
   auto reverse = [&] { return (ps * (log_ps - log_pt)).sum(-1); };  // KL(p_s || p_t), (B, Q)
   const at::Tensor none = at::zeros_like(log_ps.select(-1, 0));  // (B, Q)
