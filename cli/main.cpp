@@ -169,6 +169,8 @@ void add_plan_and_preflight(CLI::App& app, Subcommands& subs) {
                                 "audit and memory ceilings on a scaled twin, and run one "
                                 "real step if this machine can");
   pf->add_option("--config", pre->config, "Config TOML")->required()->check(CLI::ExistingFile);
+  pf->add_option("--set", pre->set,
+                 "Override a config key, KEY=VALUE (repeatable; e.g. loss.jsd_weight=1)");
   pf->add_option("--json", pre->json, "Write the report as JSON");
   pf->add_option("--cases", pre->cases, "Cases per parity property (default 100)");
   pf->add_option("--seed", pre->seed, "Property seed (default 1)");
@@ -211,6 +213,9 @@ void add_train_and_launch(CLI::App& app, Subcommands& subs, LaunchArgs& launch) 
                                 "Train the drafter: preflight, then the run (one process, or the "
                                 "target/drafter split when launched with RANK / WORLD_SIZE)");
   tr->add_option("--config", o->config, "Config TOML")->required()->check(CLI::ExistingFile);
+  tr->add_option("--set", o->set,
+                 "Override a config key, KEY=VALUE (repeatable; e.g. loss.weighting=dpace): "
+                 "checked like the file, recorded in the run's config.toml");
   tr->add_option("--steps", o->steps, "Optimizer steps (default train.steps)");
   tr->add_option("--micro-batches", o->micro_batches,
                  "Micro-batches per step (default train.micro_batches; split: one per drafter)");

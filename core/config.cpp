@@ -228,8 +228,7 @@ Weighting parse_weighting(const std::string& s, const std::string& label) {
   for (Weighting w : {Weighting::kDecay, Weighting::kDpace, Weighting::kUniform})
     if (s == weighting_name(w)) return w;
   throw ConfigError(fmt::format(
-      "{}: loss.weighting: expected \"decay\", \"dpace\" or \"uniform\", found \"{}\"", label,
-      s));
+      "{}: loss.weighting: expected \"decay\", \"dpace\" or \"uniform\", found \"{}\"", label, s));
 }
 
 void check_sections(const toml::table& root, const std::string& label) {
@@ -419,25 +418,85 @@ Config from_table(const toml::table& root, const std::string& label) {
   return c;
 }
 
-}  // namespace
-
-Config parse_config_toml(const std::string& text, const std::string& label) {
-  toml::table root;
+toml::table parse_toml(const std::string& text, const std::string& label) {
   try {
-    root = toml::parse(text, label);
+    return toml::parse(text, label);
   } catch (const toml::parse_error& e) {
     throw ConfigError(fmt::format("{}: line {}, column {}: not valid TOML: {}", label,
                                   e.source().begin.line, e.source().begin.column, e.description()));
   }
-  return from_table(root, label);
 }
 
-Config load_config(const std::string& path) {
+}  // namespace
+
+Config parse_config_toml(const std::string& text, const std::string& label) {
+  return from_table(parse_toml(text, label), label);
+}
+
+namespace {
+
+std::string read_config_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw ConfigError(fmt::format("{}: cannot open config file", path));
   std::stringstream ss;
   ss << in.rdbuf();
-  return parse_config_toml(ss.str(), path);
+  return ss.str();
+}
+
+// One KEY=VALUE override written into the parsed file.
+void apply_override(toml::table& root, const std::string& kv, const std::string& path) {
+  const size_t eq = kv.find('=');
+  const std::string key = kv.substr(0, eq),
+                    value = eq == std::string::npos ? "" : kv.substr(eq + 1);
+  auto fail = [&](const std::string& why) {
+    return ConfigError(fmt::format("{}: --set {}: {}", path, kv, why));
+  };
+  if (eq == std::string::npos || value.empty())
+    throw fail("expected KEY=VALUE, e.g. loss.tv_weight=0.5");
+  std::vector<std::string> parts;
+  for (size_t b = 0;;) {
+    const size_t dot = key.find('.', b);
+    parts.push_back(key.substr(b, dot - b));
+    if (dot == std::string::npos) break;
+    b = dot + 1;
+  }
+  for (const std::string& part : parts)
+    if (part.empty())
+      throw fail("expected a dotted key such as loss.jsd_beta, found \"" + key + "\"");
+  toml::table* t = &root;
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    toml::node* n = t->get(parts[i]);
+    if (!n) n = &t->insert_or_assign(parts[i], toml::table{}).first->second;
+    if (!n->is_table()) throw fail(parts[i] + " is " + describe(*n) + ", not a table");
+    t = n->as_table();
+  }
+  toml::table parsed;  // a bare word (dpace, cuda:1) is a string
+  try {
+    const std::string doc = "v = " + value;
+    parsed = toml::parse(std::string_view(doc), std::string_view("--set"));
+  } catch (const toml::parse_error&) {
+    parsed.insert("v", value);
+  }
+  t->insert_or_assign(parts.back(), std::move(*parsed.get("v")));
+}
+
+}  // namespace
+
+Config load_config(const std::string& path) {
+  return parse_config_toml(read_config_file(path), path);
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  if (overrides.empty()) return load_config(path);
+  toml::table root = parse_toml(read_config_file(path), path);
+  std::string label = path + " with --set";
+  for (const std::string& kv : overrides) {
+    apply_override(root, kv, path);
+    label += " " + kv;
+  }
+  Config c = from_table(root, label);
+  c.path = path;
+  return c;
 }
 
 namespace {

@@ -117,11 +117,11 @@ const char* weighting_name(Weighting w);
 // The objectives (docs/LOSSES.md), each with its weight, summed. p_s and
 // p_t are the student's and the teacher's distributions at temperature T.
 struct LossConfig {
-  double ce_weight = 1.0;    // CE against the hard label (T = 1)
-  double kl_weight = 0.0;    // forward KL(p_t || p_s)
-  double temperature = 1.0;  // T > 0, on both sides of every distillation term, no T^2
-  double gamma = 0.0;        // decay exp(-(k-1)/gamma); 0 = no decay (weighting "decay" only)
-  int64_t chunk_size = 0;    // loss chunk (positions); 0 = whole Q
+  double ce_weight = 1.0;          // CE against the hard label (T = 1)
+  double kl_weight = 0.0;          // forward KL(p_t || p_s)
+  double temperature = 1.0;        // T > 0, on both sides of every distillation term, no T^2
+  double gamma = 0.0;              // decay exp(-(k-1)/gamma); 0 = no decay (weighting "decay" only)
+  int64_t chunk_size = 0;          // loss chunk (positions); 0 = whole Q
   double reverse_kl_weight = 0.0;  // reverse KL(p_s || p_t)
   double jsd_weight = 0.0;         // generalized JSD with jsd_beta (TRL's convention)
   double jsd_beta = 0.5;           // mixture m = beta p_t + (1-beta) p_s; 0: forward KL, 1: reverse
@@ -196,6 +196,12 @@ bool is_device_name(const std::string& name);
 // Parse and validate. `label` names the source in messages (a path, or e.g.
 // "step.safetensors:__metadata__.config").
 Config load_config(const std::string& path);
+// The file with command-line overrides (`dflash train --set KEY=VALUE`):
+// each KEY is a dotted TOML key (loss.jsd_weight), each VALUE a TOML value
+// (0.5, true, "dpace"; a bare word is taken as a string). They replace or
+// add keys before parsing, so an override meets the same checks as the file
+// (unknown keys, types, ranges), and messages name the file and the override.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides);
 Config parse_config_toml(const std::string& text, const std::string& label);
 Config parse_config_json(const nlohmann::json& j, const std::string& label);
 

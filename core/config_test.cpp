@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 
@@ -134,16 +135,14 @@ INSTANTIATE_TEST_SUITE_P(
                  "loss.jsd_beta", "[0, 1]"},
         Rejected{"negative_tv_weight", with("kl_weight", "tv_weight = -1"), "loss.tv_weight",
                  "[0, 1000000]"},
-        Rejected{"unknown_weighting", with("kl_weight", "weighting = \"d-pace\""),
-                 "loss.weighting", "\"decay\", \"dpace\" or \"uniform\""},
-        Rejected{"gamma_without_decay",
-                 with("kl_weight", "weighting = \"dpace\"\ngamma = 4.0"), "loss.gamma",
-                 "0 with weighting = \"dpace\""},
+        Rejected{"unknown_weighting", with("kl_weight", "weighting = \"d-pace\""), "loss.weighting",
+                 "\"decay\", \"dpace\" or \"uniform\""},
+        Rejected{"gamma_without_decay", with("kl_weight", "weighting = \"dpace\"\ngamma = 4.0"),
+                 "loss.gamma", "0 with weighting = \"dpace\""},
         Rejected{"dpace_alpha_without_dpace", with("kl_weight", "dpace_alpha = 0.3"),
                  "loss.dpace_alpha", "weighting = \"dpace\""},
-        Rejected{"dpace_alpha_zero",
-                 with("kl_weight", "weighting = \"dpace\"\ndpace_alpha = 0"), "loss.dpace_alpha",
-                 "(0, 1]"},
+        Rejected{"dpace_alpha_zero", with("kl_weight", "weighting = \"dpace\"\ndpace_alpha = 0"),
+                 "loss.dpace_alpha", "(0, 1]"},
         Rejected{"negative_chunk", with("kl_weight", "kl_weight = 0.5\nchunk_size = -2"),
                  "loss.chunk_size", "[0, 4194304]"},
         Rejected{"not_finite", with("kl_weight", "kl_weight = nan"), "loss.kl_weight", "finite"},
@@ -292,6 +291,51 @@ TEST(Config, MissingFileIsNamed) {
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("/nonexistent/dir/x.toml"), std::string::npos);
   }
+}
+
+// `--set KEY=VALUE` (dflash train / preflight): numbers, bare words and
+// quoted strings replace keys or add them (a missing section included), in
+// order; each override meets the file's checks, and a bad one is named with
+// the file.
+TEST(Config, SetOverridesMeetTheFilesChecks) {
+  const std::string path =
+      (std::filesystem::temp_directory_path() / "dflash-set-test.toml").string();
+  std::ofstream(path) << kBase;
+  const Config c =
+      load_config(path, {"loss.kl_weight=0", "loss.reverse_kl_weight=0.25",
+                         "loss.weighting=uniform", "loss.jsd_weight=1", "loss.jsd_beta=0.3",
+                         "loss.jsd_beta=0.4", "optimized.kernels=\"aten\"", "run.seed=9"});
+  EXPECT_EQ(c.path, path);
+  EXPECT_DOUBLE_EQ(c.loss.kl_weight, 0.0);
+  EXPECT_DOUBLE_EQ(c.loss.reverse_kl_weight, 0.25);
+  EXPECT_EQ(c.loss.weighting, Weighting::kUniform);
+  EXPECT_DOUBLE_EQ(c.loss.jsd_beta, 0.4);  // the last one wins
+  EXPECT_EQ(c.optimized.kernels, "aten");  // [optimized] was not in the file
+  EXPECT_EQ(c.run.seed, 9u);
+  EXPECT_EQ(config_to_json(load_config(path, {})), config_to_json(load_config(path)));
+  auto error = [&](const std::string& kv) {
+    try {
+      load_config(path, {kv});
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  for (const auto& [kv, fragment] : std::vector<std::pair<std::string, std::string>>{
+           {"loss.nope=1", "loss.nope: expected one of the known keys"},
+           {"loss.jsd_beta=2", "loss.jsd_beta: expected a number in [0, 1]"},
+           {"loss.weighting=dpacey", "found \"dpacey\""},
+           {"loss.kl_weight=high", "loss.kl_weight: expected"},
+           {"loss.tv_weight", "expected KEY=VALUE"},
+           {"loss..tv_weight=1", "expected a dotted key"},
+           {"loss.kl_weight.x=1", "kl_weight is"},
+           {"nosuch.key=1", "nosuch"}}) {
+    const std::string msg = error(kv);
+    EXPECT_NE(msg.find(path), std::string::npos) << kv << ": " << msg;
+    EXPECT_NE(msg.find(kv.substr(0, kv.find('='))), std::string::npos) << kv << ": " << msg;
+    EXPECT_NE(msg.find(fragment), std::string::npos) << kv << ": " << msg;
+  }
+  std::filesystem::remove(path);
 }
 
 TEST(Config, ShippedConfigsValidate) {

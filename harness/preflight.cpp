@@ -262,7 +262,7 @@ int run_preflight(const PreflightOptions& o) {
   Preflight pf(o);
   Subject s;
   const bool ready = pf.check("config", [&](Row& r) {
-    s.config = load_config(o.config);
+    s.config = load_config(o.config, o.set);
     if (!o.device.empty()) {
       s.config.topology.device = o.device;
       validate_config(s.config);

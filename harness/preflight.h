@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/config.h"
 
@@ -21,6 +22,7 @@ namespace dflash::harness {
 
 struct PreflightOptions {
   std::string config;
+  std::vector<std::string> set;  // --set KEY=VALUE overrides of the config
   std::string json;
   int cases = 100;  // per parity property
   uint64_t seed = 1;

@@ -61,7 +61,9 @@ void chunk_rows(const at::Tensor& zs, const at::Tensor& zt, const at::Tensor& la
                    out(r.reverse_kl),
                    out(r.jsd),
                    out(r.tv),
-                   r.argmax.data_ptr<int64_t>() + c0};
+                   r.argmax.data_ptr<int64_t>() + c0,
+                   nullptr,
+                   /*teacher_scratch=*/true};  // zt is this chunk's buffer
   at::parallel_for(0, n, 1, [&](int64_t b, int64_t e) { loss_rows(a, b, e); });
 }
 
@@ -172,8 +174,8 @@ at::Tensor dpace_row_weights(const at::Tensor& ce, const at::Tensor& rows, int64
   smooth.index_copy_(0, rows, (1 - alpha) * (-ce).exp() + alpha);
   on.index_fill_(0, rows, 1.0);
   const at::Tensor prefix = smooth.view({-1, bs}).cumprod(1) * on.view({-1, bs});  // (B*N, bs)
-  const at::Tensor suffix = prefix.flip(1).cumsum(1).flip(1);                     // (B*N, bs)
-  return suffix.reshape(-1).index_select(0, rows);                                // (M)
+  const at::Tensor suffix = prefix.flip(1).cumsum(1).flip(1);                      // (B*N, bs)
+  return suffix.reshape(-1).index_select(0, rows);                                 // (M)
 }
 
 ChunkedLossOut chunked_lm_loss(const at::Tensor& student, const at::Tensor& teacher,

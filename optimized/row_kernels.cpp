@@ -123,11 +123,11 @@ DFLASH_INLINE Acc kl_only(const T* zs, const T* zt, int64_t V, Acc lse_st, Acc l
   return kl;
 }
 
-// log(1 + x), x in [0, 1]: 2 atanh(s), s = x / (2 + x) in [0, 1/3], by its
-// odd series to s^15 (the first omitted term is < 2e-8 of the result), so
-// tiny x stay exact (no 1 + x rounding).
-DFLASH_INLINE float log1p_acc(float x) {
-  const float s = x / (2.0f + x), s2 = s * s;
+// log(1 + x) = 2 atanh(s), s = x / (2 + x): for x in [0, 1], s in [0, 1/3],
+// the odd series to s^15 (the first omitted term is < 2e-8 of the result),
+// so tiny x stay exact (no 1 + x rounding).
+DFLASH_INLINE float two_atanh(float s) {
+  const float s2 = s * s;
   float p = 1.0f / 15;
   p = p * s2 + 1.0f / 13;
   p = p * s2 + 1.0f / 11;
@@ -138,6 +138,7 @@ DFLASH_INLINE float log1p_acc(float x) {
   p = p * s2 + 1.0f;
   return 2.0f * s * p;
 }
+DFLASH_INLINE float log1p_acc(float x) { return two_atanh(x / (2.0f + x)); }
 DFLASH_INLINE double log1p_acc(double x) { return std::log1p(x); }
 
 // log(e^a + e^b), shifted by the larger side.
@@ -146,6 +147,20 @@ DFLASH_INLINE Acc log_add_exp(Acc a, Acc b) {
   const Acc hi = std::max(a, b), lo = std::min(a, b);
   return hi + log1p_acc(exp_acc(lo - hi));
 }
+
+// log m of the JSD mixture m = a + b from both sides' logs (la, lb) and
+// values (a = beta p_t, b = (1 - beta) p_s, both already computed): the
+// larger side's log plus log1p(small / large) with s = small / (2 large +
+// small), so no further exp and no log of an underflowed sum. (Below
+// exp(-87.3) the fast exp clamps, which moves log m by at most log 2 where
+// both sides weigh < 1e-38.) Float64 rows take the exact log-add-exp.
+DFLASH_INLINE float log_mix(float la, float a, float lb, float b) {
+  // max/min, not a select on a >= b (which GCC leaves scalar); the logs
+  // order as the values do, up to a rounding that only swaps near-equals.
+  const float hi = std::max(a, b), lo = std::min(a, b);
+  return std::max(la, lb) + two_atanh(lo / (2.0f * hi + lo));
+}
+DFLASH_INLINE double log_mix(double la, double, double lb, double) { return log_add_exp(la, lb); }
 
 // Per-row sums of the general path, with log p = z/T - lse on both sides
 // and d = log p_s - log p_t: KL(p_t || p_s); sum p_s (d - d*) with d* the d
@@ -164,31 +179,9 @@ template <typename Acc>
 struct RowLogs {
   Acc lse, lse_st, lse_tt, inv_t;
   Acc log_beta, log_1m_beta;  // log beta, log(1 - beta) of the JSD mixture
+  Acc beta, one_m_beta;       // beta, 1 - beta
   Acc d_star;                 // d at the student's argmax
 };
-
-template <typename T, typename Acc, bool jsd>
-DFLASH_INLINE TermSums<Acc> term_sums(const T* zs, const T* zt, int64_t V, const RowLogs<Acc> r) {
-  Acc kl = 0, rkl_c = 0, l1 = 0, p_pos = 0, p_neg = 0, p_zero = 0, kl_tm = 0, kl_sm = 0;
-#pragma omp simd reduction(+ : kl, rkl_c, l1, p_pos, p_neg, p_zero, kl_tm, kl_sm)
-  for (int64_t v = 0; v < V; ++v) {
-    const Acc log_ps = r.inv_t * load(zs, v) - r.lse_st;
-    const Acc log_pt = r.inv_t * load(zt, v) - r.lse_tt;
-    const Acc ps = exp_acc(log_ps), pt = exp_acc(log_pt), d = ps - pt;
-    kl += pt * (log_pt - log_ps);
-    rkl_c += ps * ((log_ps - log_pt) - r.d_star);
-    l1 += std::abs(d);
-    p_pos += ps * Acc(d > 0);
-    p_neg += ps * Acc(d < 0);
-    p_zero += ps * Acc(d == 0);
-    if (jsd) {
-      const Acc log_m = log_add_exp(r.log_beta + log_pt, r.log_1m_beta + log_ps);
-      kl_tm += pt * (log_pt - log_m);
-      kl_sm += ps * (log_ps - log_m);
-    }
-  }
-  return {kl, rkl_c, l1, p_pos, p_neg, p_zero, kl_tm, kl_sm};
-}
 
 // The general gradient, written over the student row (d/dz of each term,
 // docs/LOSSES.md): CE w (p - onehot); forward KL w/T (p_s - p_t); reverse KL
@@ -201,9 +194,48 @@ struct GradScales {
   Acc ce, kl, rkl, rkl_c, tv, tv_pos, tv_neg, tv_tie, jsd, kl_sm;
 };
 
+// What the first pass leaves in scratch rows for the gradient pass (with
+// T == 1 the student row also gets p_s): kY, the part of the gradient its
+// row sums do not change, Y = kl (p_s - p_t) + p_s (rkl ((d - d*)) + jsd
+// (log p_s - log m)), so the gradient is Y + p_s (c0 - ...) with c0 from
+// the sums (no TV); kD, d = p_s - p_t (TV without the reverse KL or JSD).
+enum class Cache { kNone, kY, kD };
+
+template <typename T, typename Acc, bool jsd, bool tv, Cache cache, bool same_t>
+DFLASH_INLINE TermSums<Acc> term_sums(T* zs, T* zt, int64_t V, const RowLogs<Acc> r,
+                                      const GradScales<Acc> g) {
+  Acc kl = 0, rkl_c = 0, l1 = 0, p_pos = 0, p_neg = 0, p_zero = 0, kl_tm = 0, kl_sm = 0;
+#pragma omp simd reduction(+ : kl, rkl_c, l1, p_pos, p_neg, p_zero, kl_tm, kl_sm)
+  for (int64_t v = 0; v < V; ++v) {
+    const Acc log_ps = r.inv_t * load(zs, v) - r.lse_st;
+    const Acc log_pt = r.inv_t * load(zt, v) - r.lse_tt;
+    const Acc ps = exp_acc(log_ps), pt = exp_acc(log_pt), d = ps - pt;
+    kl += pt * (log_pt - log_ps);
+    rkl_c += ps * ((log_ps - log_pt) - r.d_star);
+    if (tv) {
+      l1 += std::abs(d);
+      p_pos += ps * Acc(d > 0);
+      p_neg += ps * Acc(d < 0);
+      p_zero += ps * Acc(d == 0);
+    }
+    Acc y = g.kl * d + ps * (g.rkl * ((log_ps - log_pt) - r.d_star));
+    if (jsd) {
+      const Acc log_m =
+          log_mix(r.log_beta + log_pt, r.beta * pt, r.log_1m_beta + log_ps, r.one_m_beta * ps);
+      kl_tm += pt * (log_pt - log_m);
+      kl_sm += ps * (log_ps - log_m);
+      y += ps * (g.jsd * (log_ps - log_m));
+    }
+    if (cache == Cache::kY) store(zt, v, y);
+    if (cache == Cache::kD) store(zt, v, d);
+    if (cache != Cache::kNone && same_t) store(zs, v, ps);
+  }
+  return {kl, rkl_c, l1, p_pos, p_neg, p_zero, kl_tm, kl_sm};
+}
+
 template <typename T, typename Acc, bool same_t, bool jsd>
 DFLASH_INLINE Acc general_grad(T* zs, const T* zt, int64_t V, int64_t label, const RowLogs<Acc> r,
-                                const GradScales<Acc> g) {
+                               const GradScales<Acc> g) {
   // r and g by value: fields read through a reference could alias the row
   // being written, which keeps GCC from if-converting (vectorising) the loop.
   Acc sum = 0;
@@ -215,13 +247,37 @@ DFLASH_INLINE Acc general_grad(T* zs, const T* zt, int64_t V, int64_t label, con
     const Acc ps = exp_acc(log_ps), pt = exp_acc(log_pt);
     const Acc p = same_t ? ps : exp_acc(z - r.lse);
     const Acc d = ps - pt;
-    Acc inner = g.rkl * (((log_ps - log_pt) - r.d_star) - g.rkl_c) +
-                g.tv * (d > 0 ? g.tv_pos : d < 0 ? g.tv_neg : g.tv_tie);
+    Acc inner = g.rkl * (((log_ps - log_pt) - r.d_star) - g.rkl_c) + g.tv * (d > 0   ? g.tv_pos
+                                                                             : d < 0 ? g.tv_neg
+                                                                                     : g.tv_tie);
     if (jsd) {
-      const Acc log_m = log_add_exp(r.log_beta + log_pt, r.log_1m_beta + log_ps);
+      const Acc log_m =
+          log_mix(r.log_beta + log_pt, r.beta * pt, r.log_1m_beta + log_ps, r.one_m_beta * ps);
       inner += g.jsd * ((log_ps - log_m) - g.kl_sm);
     }
     const Acc grad = g.ce * (p - Acc(v == label)) + g.kl * (ps - pt) + ps * inner;
+    sum += grad;
+    store(zs, v, grad);
+  }
+  return sum;
+}
+
+// The gradient pass over what term_sums cached: no exp with T == 1.
+template <typename T, typename Acc, bool same_t, Cache cache>
+DFLASH_INLINE Acc cached_grad(T* zs, const T* zt, int64_t V, int64_t label, const RowLogs<Acc> r,
+                              const GradScales<Acc> g) {
+  const Acc c0 = -(g.rkl * g.rkl_c + g.jsd * g.kl_sm);  // the sums' share, per unit p_s
+  Acc sum = 0;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t v = 0; v < V; ++v) {
+    const Acc z = load(zs, v), c = load(zt, v);
+    const Acc ps = same_t ? z : exp_acc(r.inv_t * z - r.lse_st);
+    const Acc p = same_t ? z : exp_acc(z - r.lse);
+    const Acc rest = cache == Cache::kY ? c + ps * c0
+                                        : g.kl * c + ps * (g.tv * (c > 0   ? g.tv_pos
+                                                                   : c < 0 ? g.tv_neg
+                                                                           : g.tv_tie));
+    const Acc grad = g.ce * (p - Acc(v == label)) + rest;
     sum += grad;
     store(zs, v, grad);
   }
@@ -247,19 +303,75 @@ TermPlan plan_terms(const RowObjectives& o) {
   return p;
 }
 
+// The first pass, by what it computes and caches (kY: no TV; kD: TV only).
+template <typename T, typename Acc>
+DFLASH_INLINE TermSums<Acc> first_pass(T* zs, T* zt, int64_t V, const RowLogs<Acc>& lg,
+                                       const GradScales<Acc>& g, bool jsd, bool tv, Cache cache,
+                                       bool same_t) {
+  if (cache == Cache::kNone) {
+    if (tv)
+      return jsd ? term_sums<T, Acc, true, true, Cache::kNone, false>(zs, zt, V, lg, g)
+                 : term_sums<T, Acc, false, true, Cache::kNone, false>(zs, zt, V, lg, g);
+    return jsd ? term_sums<T, Acc, true, false, Cache::kNone, false>(zs, zt, V, lg, g)
+               : term_sums<T, Acc, false, false, Cache::kNone, false>(zs, zt, V, lg, g);
+  }
+  if (cache == Cache::kD)
+    return same_t ? term_sums<T, Acc, false, true, Cache::kD, true>(zs, zt, V, lg, g)
+                  : term_sums<T, Acc, false, true, Cache::kD, false>(zs, zt, V, lg, g);
+  if (jsd)
+    return same_t ? term_sums<T, Acc, true, false, Cache::kY, true>(zs, zt, V, lg, g)
+                  : term_sums<T, Acc, true, false, Cache::kY, false>(zs, zt, V, lg, g);
+  return same_t ? term_sums<T, Acc, false, false, Cache::kY, true>(zs, zt, V, lg, g)
+                : term_sums<T, Acc, false, false, Cache::kY, false>(zs, zt, V, lg, g);
+}
+
+template <typename T, typename Acc>
+DFLASH_INLINE Acc grad_pass(T* zs, const T* zt, int64_t V, int64_t label, const RowLogs<Acc>& lg,
+                            const GradScales<Acc>& g, bool jsd, Cache cache, bool same_t) {
+  if (cache == Cache::kY)
+    return same_t ? cached_grad<T, Acc, true, Cache::kY>(zs, zt, V, label, lg, g)
+                  : cached_grad<T, Acc, false, Cache::kY>(zs, zt, V, label, lg, g);
+  if (cache == Cache::kD)
+    return same_t ? cached_grad<T, Acc, true, Cache::kD>(zs, zt, V, label, lg, g)
+                  : cached_grad<T, Acc, false, Cache::kD>(zs, zt, V, label, lg, g);
+  if (jsd)
+    return same_t ? general_grad<T, Acc, true, true>(zs, zt, V, label, lg, g)
+                  : general_grad<T, Acc, false, true>(zs, zt, V, label, lg, g);
+  return same_t ? general_grad<T, Acc, true, false>(zs, zt, V, label, lg, g)
+                : general_grad<T, Acc, false, false>(zs, zt, V, label, lg, g);
+}
+
 // The general path of one row (reverse KL, JSD or TV on): a pass for the
 // sums, then, for the gradient, a second pass (the reverse KL, the JSD and
-// the TV gradients need their row's sums).
+// the TV gradients need their row's sums); with scratch rows the first pass
+// caches what the second would recompute.
 template <typename T, typename Acc>
 DFLASH_INLINE void general_row(const LossRows& a, int64_t r, T* zs, const T* zt, int64_t label,
                                const RowLogs<Acc>& lg, Acc w, bool same_t) {
   const RowObjectives& o = a.obj;
   const TermPlan plan = plan_terms(o);
   const int64_t V = a.vocab;
-  const TermSums<Acc> s = plan.jsd_mid ? term_sums<T, Acc, true>(zs, zt, V, lg)
-                                       : term_sums<T, Acc, false>(zs, zt, V, lg);
   const double b = o.jsd_beta;
-  const double jsd = plan.jsd_mid ? b * double(s.kl_tm) + (1 - b) * double(s.kl_sm)
+  const Acc it = lg.inv_t;
+  GradScales<Acc> g{w * Acc(o.ce),
+                    w * Acc(plan.kl_w) * it,
+                    w * Acc(plan.rkl_w) * it,
+                    Acc(0),
+                    w * Acc(o.tv) * it,
+                    Acc(0),
+                    Acc(0),
+                    Acc(0),
+                    plan.jsd_mid ? w * Acc(o.jsd * (1 - b)) * it : Acc(0),
+                    Acc(0)};
+  const bool can_cache = a.want_grad && a.teacher_scratch && sizeof(T) == sizeof(Acc);
+  const Cache cache = !can_cache                   ? Cache::kNone
+                      : !plan.tv                   ? Cache::kY
+                      : !plan.rkl && !plan.jsd_mid ? Cache::kD
+                                                   : Cache::kNone;
+  T* zt_w = const_cast<T*>(zt);  // written only with teacher_scratch (cache != kNone)
+  const TermSums<Acc> s =
+      first_pass<T, Acc>(zs, zt_w, V, lg, g, plan.jsd_mid, plan.tv, cache, same_t);
+  const double jsd = plan.jsd_mid      ? b * double(s.kl_tm) + (1 - b) * double(s.kl_sm)
                      : o.jsd_beta == 0 ? double(s.kl)
                                        : double(lg.d_star) + double(s.rkl_c);
   a.kl[r] = o.kl != 0 ? double(s.kl) : 0.0;
@@ -267,21 +379,12 @@ DFLASH_INLINE void general_row(const LossRows& a, int64_t r, T* zs, const T* zt,
   a.jsd[r] = o.jsd != 0 ? jsd : 0.0;
   a.tv[r] = o.tv != 0 ? 0.5 * double(s.l1) : 0.0;
   if (!a.want_grad) return;
-  const Acc it = lg.inv_t;
-  const GradScales<Acc> g{w * Acc(o.ce),
-                          w * Acc(plan.kl_w) * it,
-                          w * Acc(plan.rkl_w) * it,
-                          s.rkl_c,
-                          w * Acc(o.tv) * it,
-                          s.p_neg + Acc(0.5) * s.p_zero,
-                          -(s.p_pos + Acc(0.5) * s.p_zero),
-                          Acc(0.5) * (s.p_neg - s.p_pos),
-                          plan.jsd_mid ? w * Acc(o.jsd * (1 - b)) * it : Acc(0),
-                          s.kl_sm};
-  const Acc sum = plan.jsd_mid ? (same_t ? general_grad<T, Acc, true, true>(zs, zt, V, label, lg, g)
-                                         : general_grad<T, Acc, false, true>(zs, zt, V, label, lg, g))
-                 : same_t ? general_grad<T, Acc, true, false>(zs, zt, V, label, lg, g)
-                          : general_grad<T, Acc, false, false>(zs, zt, V, label, lg, g);
+  g.rkl_c = s.rkl_c;
+  g.tv_pos = s.p_neg + Acc(0.5) * s.p_zero;
+  g.tv_neg = -(s.p_pos + Acc(0.5) * s.p_zero);
+  g.tv_tie = Acc(0.5) * (s.p_neg - s.p_pos);
+  g.kl_sm = s.kl_sm;
+  const Acc sum = grad_pass<T, Acc>(zs, zt, V, label, lg, g, plan.jsd_mid, cache, same_t);
   if (a.grad_sum) a.grad_sum[r] = double(sum);
 }
 
@@ -316,6 +419,8 @@ DFLASH_INLINE void one_row(const LossRows& a, int64_t r) {
                             inv_t,
                             plan.jsd_mid ? Acc(std::log(b)) : Acc(0),
                             plan.jsd_mid ? Acc(std::log1p(-b)) : Acc(0),
+                            Acc(b),
+                            Acc(1 - b),
                             d_star};
       return general_row<T, Acc>(a, r, zs, zt, label, lg, w, same_t);
     }

@@ -32,16 +32,21 @@ struct LossRows {
   const double* weights;  // (rows) loss weight w
   RowObjectives obj;
   bool want_grad;
-  double* ce;       // (rows) out: CE of each row
-  double* kl;       // (rows) out: KL(p_t || p_s) of each row (0 when kl == 0)
+  double* ce;          // (rows) out: CE of each row
+  double* kl;          // (rows) out: KL(p_t || p_s) of each row (0 when kl == 0)
   double* reverse_kl;  // (rows) out: KL(p_s || p_t) (0 when reverse_kl == 0)
   double* jsd;         // (rows) out: JSD_beta (0 when jsd == 0)
   double* tv;          // (rows) out: total variation (0 when tv == 0)
-  int64_t* argmax;  // (rows) out: first index of the largest student logit
+  int64_t* argmax;     // (rows) out: first index of the largest student logit
   // (rows) optional out, general path with want_grad: the sum of each row's
   // gradient, 0 analytically (every term is a softmax-Jacobian product); a
   // check for tests (row_kernels_test.cpp).
   double* grad_sum = nullptr;
+  // The teacher rows are scratch (the fused loss's chunk buffer): the general
+  // path may overwrite them (and the student rows) with per-element values
+  // of its first pass, so that its gradient pass takes no exp. Float32 and
+  // float64 rows only; bf16 rows are always recomputed.
+  bool teacher_scratch = false;
 };
 
 // Processes rows [begin, end) of `a`. Thread-safe across disjoint ranges.

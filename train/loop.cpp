@@ -373,6 +373,7 @@ bool gate(const Config& c, const RunOptions& o, const std::string& dir) {
   } else {
     harness::PreflightOptions p;
     p.config = o.config;
+    p.set = o.set;
     p.json = verdict.string();
     p.cases = o.preflight_cases;
     p.out_dir = dir;
@@ -394,7 +395,7 @@ bool gate(const Config& c, const RunOptions& o, const std::string& dir) {
 }  // namespace detail
 
 Config resolve_config(const RunOptions& o) {
-  Config c = load_config(o.config);
+  Config c = load_config(o.config, o.set);
   if (o.steps > 0) c.train.steps = o.steps;
   if (o.micro_batches > 0) c.train.micro_batches = o.micro_batches;
   if (o.lr > 0) c.train.lr = o.lr;

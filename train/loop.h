@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/config.h"
 
@@ -19,6 +20,7 @@ namespace dflash::train {
 
 struct RunOptions {
   std::string config;
+  std::vector<std::string> set;  // --set KEY=VALUE config overrides, in order
   int64_t steps = 0;          // 0: train.steps
   int64_t micro_batches = 0;  // 0: train.micro_batches (split: one per drafter rank)
   double lr = 0;              // 0: train.lr
