@@ -132,6 +132,9 @@ void add_harness(CLI::App& app, Subcommands& subs) {
   ps->add_flag("--measure-tolerances", p->measure_tolerances,
                "Instead of the checks: tabulate the error ratios and floors the real code "
                "needs, per property, dtype and tensor (docs/HARNESS.md)");
+  ps->add_flag("--per-objective", p->per_objective,
+               "With --measure-tolerances: the loss's table per objective and weighting, "
+               "float32 and bfloat16, random and near-agreement cases");
   subs.add(ps, [p, no_zoo] {
     configure_threads(0);
     p->zoo = !*no_zoo;

@@ -13,5 +13,10 @@ namespace dflash::harness {
 
 // The table as text (and JSON into *json when not null).
 std::string measure_error_ratios(int cases, uint64_t seed, std::string* json = nullptr);
+// The same per objective and weighting of docs/LOSSES.md (each fixed in turn),
+// float32 and bfloat16, random and near-agreement loss cases
+// (`dflash parity --measure-tolerances --per-objective`).
+std::string measure_objective_error_ratios(int cases, uint64_t seed,
+                                           std::string* json = nullptr);
 
 }  // namespace dflash::harness

@@ -202,7 +202,8 @@ int run_parity(const ParityOptions& o) {
   if (!o.reproduce.empty()) return reproduce(o);
   if (o.measure_tolerances) {
     std::string json;
-    fmt::print("{}", measure_error_ratios(o.cases, o.seed, &json));
+    fmt::print("{}", o.per_objective ? measure_objective_error_ratios(o.cases, o.seed, &json)
+                                     : measure_error_ratios(o.cases, o.seed, &json));
     if (!o.json.empty()) safetensors::write_file_atomic(o.json, json + "\n");
     return 0;
   }

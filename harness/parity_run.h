@@ -20,6 +20,7 @@ struct ParityOptions {
   std::string mutant;
   // Instead of the suite: the error-ratio measurement (harness/error_ratios.h).
   bool measure_tolerances = false;
+  bool per_objective = false;  // with measure_tolerances: the per-objective table
   // Where the candidate runs ("cpu", "cuda", "cuda:N"); the references stay
   // on the CPU in float64 (harness/on_device.h).
   std::string device = "cpu";

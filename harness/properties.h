@@ -10,6 +10,7 @@
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "core/step.h"
@@ -49,8 +50,20 @@ PropertyOutcome check_step_parity(const StepFn& candidate, const PropertyRun& ru
                                   const std::string& name = "parity.step");
 // Components against their reference twins, float64 and float32, random
 // (non-uniform) upstream gradients.
+// `fixed`, when given, overrides what the loss cases draw (the per-objective
+// error ratios of `dflash parity --measure-tolerances`): `objective` sets the
+// [loss] objective or weighting over the drawn one, `dtype` the precision,
+// `near_agreement` whether the student's hidden states are the teacher's
+// plus 1e-3 noise (p_s ~ p_t: the KL-cancellation regime; otherwise drawn,
+// one float64 case in four).
+struct LossCaseOverride {
+  std::function<void(LossConfig&)> objective;
+  std::optional<DType> dtype;
+  std::optional<bool> near_agreement;
+};
 PropertyOutcome check_loss_parity(const LossFn& candidate, const PropertyRun& run,
-                                  const std::string& name = "parity.loss");
+                                  const std::string& name = "parity.loss",
+                                  const LossCaseOverride& fixed = {});
 PropertyOutcome check_attention_parity(const AttentionFn& candidate, const PropertyRun& run,
                                        const std::string& name = "parity.attention");
 PropertyOutcome check_checkpoint_parity(const CheckpointImpl& candidate, const PropertyRun& run,

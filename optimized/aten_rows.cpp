@@ -33,7 +33,9 @@ at::Tensor ce_and_kl(const LossChunk& a, const at::Tensor& z, const at::Tensor& 
     const double it = a.obj.inv_temperature;
     const at::ScalarType acc = z.scalar_type();
     at::Tensor log_pt = (a.teacher.to(acc) * it).log_softmax(1);        // (n, V)
-    at::Tensor log_ps = it == 1.0 ? z - lse : (z * it).log_softmax(1);  // (n, V)
+    // log_softmax, not z - lse: that rounds z and lse, each as large as
+    // the logits, and p_s - p_t loses its digits where the two agree.
+    at::Tensor log_ps = (it == 1.0 ? z : z * it).log_softmax(1);  // (n, V)
     const at::Tensor pt = log_pt.exp();                                 // (n, V)
     // p_t (log p_t - log p_s), the difference first (it cancels where the
     // two agree), and 0 where p_t underflows to 0 (log p_t may be -inf
@@ -68,13 +70,21 @@ at::Tensor general_terms(const LossChunk& a, const at::Tensor& z, const at::Tens
   const bool jsd_mid = o.jsd != 0 && b != 0 && b != 1;
   const at::ScalarType acc = z.scalar_type();
   at::Tensor lt = (a.teacher.to(acc) * it).log_softmax(1);        // (n, V) log p_t
-  at::Tensor ls = it == 1.0 ? z - lse : (z * it).log_softmax(1);  // (n, V) log p_s
+  at::Tensor ls = (it == 1.0 ? z : z * it).log_softmax(1);         // (n, V) log p_s
   const at::Tensor pt = lt.exp(), ps = ls.exp();                  // (n, V)
   at::Tensor kl_sm, lm;                                           // (n), (n, V)
   if (jsd_mid) {
     lm = at::logaddexp(lt + std::log(b), ls + std::log1p(-b));  // log m
     const at::Tensor kl_tm = row_dot(pt, lt - lm);               // KL(p_t || m)
     lm.neg_().add_(ls);                                          // log p_s - log m
+    // Near agreement log(p_s / m) is 2 atanh(s), s = beta (p_s - p_t) / (p_s
+    // + m), not the difference of two logs that rounds its digits away
+    // (row_kernels.cpp, log_ps_over_m); where |s| > 1/3 the difference stays.
+    at::Tensor s = (ps - pt).mul_(b);                             // (n, V)
+    at::Tensor t = at::add(ps, pt, b / (2 - b)).mul_(2 - b);      // (n, V) p_s + m
+    s.div_(t.clamp_min_(std::numeric_limits<float>::min()));      // 0 where both are 0
+    at::atanh_out(t, s.clamp_(-0.5, 0.5)).mul_(2).sub_(lm);       // 2 atanh(s) - lm, finite
+    lm.add_(t.mul_(s.abs_().le_(1.0 / 3)));                       // the atanh where |s| <= 1/3
     kl_sm = row_dot(ps, lm);                                     // KL(p_s || m)
     a.jsd.copy_(b * kl_tm + (1 - b) * kl_sm);
   }

@@ -93,16 +93,16 @@ DFLASH_INLINE Acc log_sum_exp_shifted(const T* z, int64_t V, Acc m, Acc scale) {
 // written over the student row; the KL is accumulated in the same pass so
 // each exp is taken once. `same_t` (T == 1) shares softmax(z) and softmax(z/T).
 template <typename T, typename Acc, bool same_t>
-DFLASH_INLINE Acc grad_and_kl(T* zs, const T* zt, int64_t V, int64_t label, Acc lse, Acc lse_st,
-                              Acc lse_tt, Acc inv_t, Acc gce, Acc gkl) {
+DFLASH_INLINE Acc grad_and_kl(T* zs, const T* zt, int64_t V, int64_t label, Acc ms, Acc mt,
+                              Acc lse, Acc lse_st, Acc lse_tt, Acc inv_t, Acc gce, Acc gkl) {
   Acc kl = 0;
 #pragma omp simd reduction(+ : kl)
   for (int64_t v = 0; v < V; ++v) {
     const Acc z = load(zs, v);
-    const Acc log_pt = inv_t * load(zt, v) - lse_tt;
-    const Acc log_ps = inv_t * z - lse_st;
+    const Acc log_pt = inv_t * (load(zt, v) - mt) - lse_tt;
+    const Acc log_ps = inv_t * (z - ms) - lse_st;
     const Acc pt = exp_acc(log_pt);
-    const Acc p = exp_acc(z - lse);
+    const Acc p = exp_acc((z - ms) - lse);
     const Acc ps = same_t ? p : exp_acc(log_ps);
     kl += pt * (log_pt - log_ps);
     // The one-hot term is subtracted in Acc precision, before the store:
@@ -113,12 +113,13 @@ DFLASH_INLINE Acc grad_and_kl(T* zs, const T* zt, int64_t V, int64_t label, Acc 
 }
 
 template <typename T, typename Acc>
-DFLASH_INLINE Acc kl_only(const T* zs, const T* zt, int64_t V, Acc lse_st, Acc lse_tt, Acc inv_t) {
+DFLASH_INLINE Acc kl_only(const T* zs, const T* zt, int64_t V, Acc ms, Acc mt, Acc lse_st,
+                          Acc lse_tt, Acc inv_t) {
   Acc kl = 0;
 #pragma omp simd reduction(+ : kl)
   for (int64_t v = 0; v < V; ++v) {
-    const Acc log_pt = inv_t * load(zt, v) - lse_tt;
-    kl += exp_acc(log_pt) * (log_pt - (inv_t * load(zs, v) - lse_st));
+    const Acc log_pt = inv_t * (load(zt, v) - mt) - lse_tt;
+    kl += exp_acc(log_pt) * (log_pt - (inv_t * (load(zs, v) - ms) - lse_st));
   }
   return kl;
 }
@@ -162,7 +163,24 @@ DFLASH_INLINE float log_mix(float la, float a, float lb, float b) {
 }
 DFLASH_INLINE double log_mix(double la, double, double lb, double) { return log_add_exp(la, lb); }
 
-// Per-row sums of the general path, with log p = z/T - lse on both sides
+// log(p_s / m), m = beta p_t + (1 - beta) p_s. Where the two nearly agree
+// it is ~ beta (p_s - p_t) / p_s, far below the logs it would be the
+// difference of (log p_s - log m rounds away its digits: the gradient's
+// float32 error grew 10-30x near agreement); there 2 atanh(s) with s =
+// (p_s - m) / (p_s + m) = beta (p_s - p_t) / (p_s + m), |s| <= 1/3, keeps
+// them. Elsewhere the logs' difference is not small and is exact enough.
+DFLASH_INLINE float log_ps_over_m(float log_ps, float log_m, float ps, float pt, float m,
+                                  float beta) {
+  const float s = beta * (ps - pt) / (ps + m);
+  return std::abs(s) <= 1.0f / 3 ? two_atanh(s) : log_ps - log_m;
+}
+DFLASH_INLINE double log_ps_over_m(double log_ps, double log_m, double ps, double pt, double m,
+                                   double beta) {
+  const double s = beta * (ps - pt) / (ps + m);
+  return std::abs(s) <= 1.0 / 3 ? 2 * std::atanh(s) : log_ps - log_m;
+}
+
+// Per-row sums of the general path, with log p = (z - m)/T - lse on both sides
 // and d = log p_s - log p_t: KL(p_t || p_s); sum p_s (d - d*) with d* the d
 // of the student's argmax (the reverse KL is d* + that sum, and its gradient
 // p_s ((d - d*) - sum) never subtracts two large numbers); sum |p_s - p_t|;
@@ -177,7 +195,8 @@ struct TermSums {
 // The inputs of one row's distillation terms.
 template <typename Acc>
 struct RowLogs {
-  Acc lse, lse_st, lse_tt, inv_t;
+  Acc ms, mt;                 // the rows' maxima (student, teacher)
+  Acc lse, lse_st, lse_tt, inv_t;  // shifted: log sum exp(z - ms), exp((z - m)/T) per side
   Acc log_beta, log_1m_beta;  // log beta, log(1 - beta) of the JSD mixture
   Acc beta, one_m_beta;       // beta, 1 - beta
   Acc d_star;                 // d at the student's argmax
@@ -207,8 +226,8 @@ DFLASH_INLINE TermSums<Acc> term_sums(T* zs, T* zt, int64_t V, const RowLogs<Acc
   Acc kl = 0, rkl_c = 0, l1 = 0, p_pos = 0, p_neg = 0, p_zero = 0, kl_tm = 0, kl_sm = 0;
 #pragma omp simd reduction(+ : kl, rkl_c, l1, p_pos, p_neg, p_zero, kl_tm, kl_sm)
   for (int64_t v = 0; v < V; ++v) {
-    const Acc log_ps = r.inv_t * load(zs, v) - r.lse_st;
-    const Acc log_pt = r.inv_t * load(zt, v) - r.lse_tt;
+    const Acc log_ps = r.inv_t * (load(zs, v) - r.ms) - r.lse_st;
+    const Acc log_pt = r.inv_t * (load(zt, v) - r.mt) - r.lse_tt;
     const Acc ps = exp_acc(log_ps), pt = exp_acc(log_pt), d = ps - pt;
     kl += pt * (log_pt - log_ps);
     rkl_c += ps * ((log_ps - log_pt) - r.d_star);
@@ -223,8 +242,10 @@ DFLASH_INLINE TermSums<Acc> term_sums(T* zs, T* zt, int64_t V, const RowLogs<Acc
       const Acc log_m =
           log_mix(r.log_beta + log_pt, r.beta * pt, r.log_1m_beta + log_ps, r.one_m_beta * ps);
       kl_tm += pt * (log_pt - log_m);
-      kl_sm += ps * (log_ps - log_m);
-      y += ps * (g.jsd * (log_ps - log_m));
+      const Acc l_sm =
+          log_ps_over_m(log_ps, log_m, ps, pt, r.beta * pt + r.one_m_beta * ps, r.beta);
+      kl_sm += ps * l_sm;
+      y += ps * (g.jsd * l_sm);
     }
     if (cache == Cache::kY) store(zt, v, y);
     if (cache == Cache::kD) store(zt, v, d);
@@ -242,10 +263,10 @@ DFLASH_INLINE Acc general_grad(T* zs, const T* zt, int64_t V, int64_t label, con
 #pragma omp simd reduction(+ : sum)
   for (int64_t v = 0; v < V; ++v) {
     const Acc z = load(zs, v);
-    const Acc log_ps = r.inv_t * z - r.lse_st;
-    const Acc log_pt = r.inv_t * load(zt, v) - r.lse_tt;
+    const Acc log_ps = r.inv_t * (z - r.ms) - r.lse_st;
+    const Acc log_pt = r.inv_t * (load(zt, v) - r.mt) - r.lse_tt;
     const Acc ps = exp_acc(log_ps), pt = exp_acc(log_pt);
-    const Acc p = same_t ? ps : exp_acc(z - r.lse);
+    const Acc p = same_t ? ps : exp_acc((z - r.ms) - r.lse);
     const Acc d = ps - pt;
     Acc inner = g.rkl * (((log_ps - log_pt) - r.d_star) - g.rkl_c) + g.tv * (d > 0   ? g.tv_pos
                                                                              : d < 0 ? g.tv_neg
@@ -253,7 +274,9 @@ DFLASH_INLINE Acc general_grad(T* zs, const T* zt, int64_t V, int64_t label, con
     if (jsd) {
       const Acc log_m =
           log_mix(r.log_beta + log_pt, r.beta * pt, r.log_1m_beta + log_ps, r.one_m_beta * ps);
-      inner += g.jsd * ((log_ps - log_m) - g.kl_sm);
+      const Acc l_sm =
+          log_ps_over_m(log_ps, log_m, ps, pt, r.beta * pt + r.one_m_beta * ps, r.beta);
+      inner += g.jsd * (l_sm - g.kl_sm);
     }
     const Acc grad = g.ce * (p - Acc(v == label)) + g.kl * (ps - pt) + ps * inner;
     sum += grad;
@@ -271,8 +294,8 @@ DFLASH_INLINE Acc cached_grad(T* zs, const T* zt, int64_t V, int64_t label, cons
 #pragma omp simd reduction(+ : sum)
   for (int64_t v = 0; v < V; ++v) {
     const Acc z = load(zs, v), c = load(zt, v);
-    const Acc ps = same_t ? z : exp_acc(r.inv_t * z - r.lse_st);
-    const Acc p = same_t ? z : exp_acc(z - r.lse);
+    const Acc ps = same_t ? z : exp_acc(r.inv_t * (z - r.ms) - r.lse_st);
+    const Acc p = same_t ? z : exp_acc((z - r.ms) - r.lse);
     const Acc rest = cache == Cache::kY ? c + ps * c0
                                         : g.kl * c + ps * (g.tv * (c > 0   ? g.tv_pos
                                                                    : c < 0 ? g.tv_neg
@@ -399,21 +422,25 @@ DFLASH_INLINE void one_row(const LossRows& a, int64_t r) {
   a.argmax[r] = ms.index;
   // CE = logsumexp(z) - z[label]
   const int64_t label = a.labels[r];
-  const Acc lse = ms.value + log_sum_exp_shifted<T, Acc>(zs, V, ms.value, Acc(1));
-  a.ce[r] = double(lse - load(zs, label));
+  // Every log p below is (z - max)/T - log sum exp((z - max)/T): z/T - lse
+  // would round z/T and lse, each as large as the logits, and lose the
+  // digits that p_s - p_t keeps where the two distributions nearly agree.
+  const Acc lse = log_sum_exp_shifted<T, Acc>(zs, V, ms.value, Acc(1));  // shifted by the max
+  a.ce[r] = double((ms.value - load(zs, label)) + lse);
   a.kl[r] = a.reverse_kl[r] = a.jsd[r] = a.tv[r] = 0;
   const TermPlan plan = plan_terms(a.obj);
   const Acc w = Acc(a.weights[r]), gce = w * Acc(a.obj.ce), gkl = w * Acc(plan.kl_w) * inv_t;
   if (zt) {
-    // log p = z/T - (m/T + log sum exp((z - m)/T)) on both sides.
+    // log p = (z - m)/T - log sum exp((z - m)/T) on both sides.
     const Acc mt = row_max<T, Acc>(zt, V).value;
-    const Acc lse_st =
-        same_t ? lse : inv_t * ms.value + log_sum_exp_shifted<T, Acc>(zs, V, ms.value, inv_t);
-    const Acc lse_tt = inv_t * mt + log_sum_exp_shifted<T, Acc>(zt, V, mt, inv_t);
+    const Acc lse_st = same_t ? lse : log_sum_exp_shifted<T, Acc>(zs, V, ms.value, inv_t);
+    const Acc lse_tt = log_sum_exp_shifted<T, Acc>(zt, V, mt, inv_t);
     if (plan.general()) {
       const double b = a.obj.jsd_beta;
-      const Acc d_star = (inv_t * ms.value - lse_st) - (inv_t * load(zt, ms.index) - lse_tt);
-      const RowLogs<Acc> lg{lse,
+      const Acc d_star = -lse_st - (inv_t * (load(zt, ms.index) - mt) - lse_tt);
+      const RowLogs<Acc> lg{ms.value,
+                            mt,
+                            lse,
                             lse_st,
                             lse_tt,
                             inv_t,
@@ -427,17 +454,19 @@ DFLASH_INLINE void one_row(const LossRows& a, int64_t r) {
     // CE + forward KL only: one fused pass.
     Acc kl;
     if (!a.want_grad)
-      kl = kl_only<T, Acc>(zs, zt, V, lse_st, lse_tt, inv_t);
+      kl = kl_only<T, Acc>(zs, zt, V, ms.value, mt, lse_st, lse_tt, inv_t);
     else if (same_t)
-      kl = grad_and_kl<T, Acc, true>(zs, zt, V, label, lse, lse_st, lse_tt, inv_t, gce, gkl);
+      kl = grad_and_kl<T, Acc, true>(zs, zt, V, label, ms.value, mt, lse, lse_st, lse_tt, inv_t,
+                                          gce, gkl);
     else
-      kl = grad_and_kl<T, Acc, false>(zs, zt, V, label, lse, lse_st, lse_tt, inv_t, gce, gkl);
+      kl = grad_and_kl<T, Acc, false>(zs, zt, V, label, ms.value, mt, lse, lse_st, lse_tt, inv_t,
+                                          gce, gkl);
     a.kl[r] = a.obj.kl != 0 ? double(kl) : 0.0;
     a.jsd[r] = a.obj.jsd != 0 ? double(kl) : 0.0;  // jsd at beta = 0
   } else if (a.want_grad) {
 #pragma omp simd
     for (int64_t v = 0; v < V; ++v)
-      store(zs, v, gce * (exp_acc(load(zs, v) - lse) - Acc(v == label)));
+      store(zs, v, gce * (exp_acc((load(zs, v) - ms.value) - lse) - Acc(v == label)));
   }
 }
 
