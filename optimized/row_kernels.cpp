@@ -169,15 +169,11 @@ DFLASH_INLINE double log_mix(double la, double, double lb, double) { return log_
 // float32 error grew 10-30x near agreement); there 2 atanh(s) with s =
 // (p_s - m) / (p_s + m) = beta (p_s - p_t) / (p_s + m), |s| <= 1/3, keeps
 // them. Elsewhere the logs' difference is not small and is exact enough.
-DFLASH_INLINE float log_ps_over_m(float log_ps, float log_m, float ps, float pt, float m,
-                                  float beta) {
-  const float s = beta * (ps - pt) / (ps + m);
-  return std::abs(s) <= 1.0f / 3 ? two_atanh(s) : log_ps - log_m;
-}
-DFLASH_INLINE double log_ps_over_m(double log_ps, double log_m, double ps, double pt, double m,
-                                   double beta) {
-  const double s = beta * (ps - pt) / (ps + m);
-  return std::abs(s) <= 1.0 / 3 ? 2 * std::atanh(s) : log_ps - log_m;
+DFLASH_INLINE double two_atanh(double s) { return 2 * std::atanh(s); }
+template <typename Acc>
+DFLASH_INLINE Acc log_ps_over_m(Acc log_ps, Acc log_m, Acc ps, Acc pt, Acc m, Acc beta) {
+  const Acc s = beta * (ps - pt) / (ps + m);
+  return std::abs(s) <= Acc(1) / 3 ? two_atanh(s) : log_ps - log_m;
 }
 
 // Per-row sums of the general path, with log p = (z - m)/T - lse on both sides
@@ -196,7 +192,9 @@ struct TermSums {
 template <typename Acc>
 struct RowLogs {
   Acc ms, mt;                 // the rows' maxima (student, teacher)
-  Acc lse, lse_st, lse_tt, inv_t;  // shifted: log sum exp(z - ms), exp((z - m)/T) per side
+  // Shifted by the max: lse = log sum exp(z - ms); lse_st, lse_tt = log sum
+  // exp((z - m)/T) of the student and the teacher row.
+  Acc lse, lse_st, lse_tt, inv_t;
   Acc log_beta, log_1m_beta;  // log beta, log(1 - beta) of the JSD mixture
   Acc beta, one_m_beta;       // beta, 1 - beta
   Acc d_star;                 // d at the student's argmax
