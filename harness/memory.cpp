@@ -28,7 +28,10 @@ namespace {
 double aten_row_bytes(const LossTerms& t, double up, double a) {
   if (!t.teacher) return up + a;
   if (!t.student_probs) return up + 3 * a + 1;
-  return up + 7 * a + 2 + (t.mixture ? a : 0);
+  // p_s, p_t and d (log p_t, log p_s in place; the output at T != 1); the
+  // JSD's mixture adds u and one transient, run in two row slices
+  // (optimized::aten_row_slices).
+  return t.mixture ? (up + 5 * a) / 2 : up + 4 * a;
 }
 
 }  // namespace

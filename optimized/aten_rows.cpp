@@ -55,75 +55,100 @@ at::Tensor ce_and_kl(const LossChunk& a, const at::Tensor& z, const at::Tensor& 
   return g;
 }
 
-// The general path (reverse KL, JSD or TV on), the same formulas as the
-// row kernels' (docs/LOSSES.md, row_kernels.cpp): per-row sums first
-// (row_dot), the reverse KL centred on d* (d at the student's argmax) and
-// the TV gradient from the student's mass on each side, then the gradient
-// in place. (n, V) arrays in the accumulation dtype alive at the peak: z,
-// log p_t (then d - d*, then the gradient), log p_s (then sign(p_s - p_t),
-// then softmax(z)), p_t, p_s, p_s - p_t, one transient, and with the JSD
-// log m (then log p_s - log m) and the transients of logaddexp.
-at::Tensor general_terms(const LossChunk& a, const at::Tensor& z, const at::Tensor& lse,
-                         const at::Tensor& w, double kl_w, double rkl_w) {
+// The general path (reverse KL, JSD or TV on), the formulas of
+// docs/LOSSES.md in the fewest (n, V) passes: every term but the forward KL
+// is a function of log p_s whose gradient has the softmax-Jacobian form p_s
+// (G - sum p_s G), so one fused softmax backward takes the sum of their
+// upstreams G (row_kernels.cpp computes the same sums by hand). The values:
+// with nd = log p_t - log p_s centred on its value at the student's argmax
+// (-d*), KL = sum p_t nd + nd*, RKL = -sum p_s nd - nd*; the JSD from u =
+// p_t / p_s - 1 = expm1(nd) (exact near agreement, where log p_s - log m
+// would cancel): log(p_s / m) = -log1p(beta u), log(p_t / m) = -log1p(-(1 -
+// beta) u / e^nd), nd clamped to +-80 so that e^nd stays a normal float (it
+// moves only terms where one side is below e^-80 of the other); TV =
+// 1/2 |p_s - p_t|_1. (n, V) arrays in the accumulation dtype alive at once:
+// at most five (log p_t and log p_s become p_t and nd in place, then u and
+// one transient with the JSD), plus the output at T != 1 (where CE still
+// needs softmax(z) at the end; at T = 1 z takes it).
+void general_terms(const LossChunk& a, const at::Tensor& z, const at::Tensor& lse,
+                   const at::Tensor& w, double kl_w, double rkl_w) {
   const RowObjectives& o = a.obj;
   const double it = o.inv_temperature, b = o.jsd_beta;
   const bool jsd_mid = o.jsd != 0 && b != 0 && b != 1;
+  const bool kl_val = o.kl != 0 || (o.jsd != 0 && b == 0);
+  const bool rkl_val = o.reverse_kl != 0 || (o.jsd != 0 && b == 1);
+  const bool need_nd = kl_val || rkl_val || jsd_mid, need_pt = kl_val || jsd_mid || o.tv != 0;
   const at::ScalarType acc = z.scalar_type();
-  at::Tensor lt = (a.teacher.to(acc) * it).log_softmax(1);        // (n, V) log p_t
-  at::Tensor ls = (it == 1.0 ? z : z * it).log_softmax(1);         // (n, V) log p_s
-  const at::Tensor pt = lt.exp(), ps = ls.exp();                  // (n, V)
-  at::Tensor kl_sm, lm;                                           // (n), (n, V)
+  const at::Tensor t_acc = a.teacher.to(acc);
+  at::Tensor lt = (it == 1.0 ? t_acc : t_acc * it).log_softmax(1);  // (n, V) log p_t
+  at::Tensor ls = (it == 1.0 ? z : z * it).log_softmax(1);          // (n, V) log p_s
+  const at::Tensor ps = ls.exp();                                    // (n, V)
+  at::Tensor nd = need_nd ? at::sub_out(ls, lt, ls) : at::Tensor();  // (n, V) log p_t - log p_s
+  ls = at::Tensor();
+  const at::Tensor pt = need_pt ? lt.exp_() : at::Tensor();  // (n, V), in log p_t's storage
+  lt = at::Tensor();
+  at::Tensor l1;  // (n, V) log1p(beta u) = -log(p_s / m)
   if (jsd_mid) {
-    lm = at::logaddexp(lt + std::log(b), ls + std::log1p(-b));  // log m
-    const at::Tensor kl_tm = row_dot(pt, lt - lm);               // KL(p_t || m)
-    lm.neg_().add_(ls);                                          // log p_s - log m
-    // Near agreement log(p_s / m) is 2 atanh(s), s = beta (p_s - p_t) / (p_s
-    // + m), not the difference of two logs that rounds its digits away
-    // (row_kernels.cpp, log_ps_over_m); where |s| > 1/3 the difference stays.
-    at::Tensor s = (ps - pt).mul_(b);                             // (n, V)
-    at::Tensor t = at::add(ps, pt, b / (2 - b)).mul_(2 - b);      // (n, V) p_s + m
-    s.div_(t.clamp_min_(std::numeric_limits<float>::min()));      // 0 where both are 0
-    at::atanh_out(t, s.clamp_(-0.5, 0.5)).mul_(2).sub_(lm);       // 2 atanh(s) - lm, finite
-    lm.add_(t.mul_(s.abs_().le_(1.0 / 3)));                       // the atanh where |s| <= 1/3
-    kl_sm = row_dot(ps, lm);                                     // KL(p_s || m)
-    a.jsd.copy_(b * kl_tm + (1 - b) * kl_sm);
+    at::Tensor l2 = nd.clamp(-80, 80);                           // (n, V)
+    at::Tensor u = at::expm1(l2);                                // (n, V) p_t / p_s - 1
+    // 1 + u as exp(nd), not from u: u rounds to -1 below nd ~ -17.
+    at::div_out(l2, u, l2.exp_()).mul_(-(1 - b)).log1p_();       // -log(p_t / m)
+    const at::Tensor kl_tm = -row_dot(pt, l2);                   // KL(p_t || m)
+    l2 = at::Tensor();
+    l1 = u.mul_(b).log1p_();
+    a.jsd.copy_(b * kl_tm - (1 - b) * row_dot(ps, l1));  // beta KL(p_t || m) + (1-beta) KL(p_s || m)
   }
-  at::Tensor& d = lt.neg_().add_(ls);  // (n, V) d = log p_s - log p_t
-  const at::Tensor d_star = d.gather(1, a.argmax.unsqueeze(1));  // (n, 1)
-  d.sub_(d_star);                                                 // d - d*
-  const at::Tensor kl = -(row_dot(pt, d) + d_star.squeeze(1));    // KL(p_t || p_s)
-  const at::Tensor rkl_c = row_dot(ps, d);                        // RKL - d*
-  const at::Tensor rkl = rkl_c + d_star.squeeze(1);
-  at::Tensor diff = ps - pt;                       // (n, V)
-  at::Tensor& sg = at::sign_out(ls, diff);         // (n, V) sign(p_s - p_t)
-  const at::Tensor tv = 0.5 * row_dot(diff, sg);   // 1/2 sum |p_s - p_t|
-  auto mass = [&](const at::Tensor& side) { return (ps * side).sum(1, true); };  // (n, 1)
-  const at::Tensor p_pos = mass(sg > 0), p_neg = mass(sg < 0), p_zero = mass(sg == 0);
-  if (o.kl != 0) a.kl.copy_(kl);
-  if (o.reverse_kl != 0) a.reverse_kl.copy_(rkl);
-  if (o.jsd != 0 && !jsd_mid) a.jsd.copy_(b == 0 ? kl : rkl);
-  if (o.tv != 0) a.tv.copy_(tv);
-  if (!a.want_grad) return at::Tensor();
-  // inner = rkl_w ((d - d*) - (RKL - d*)) + tv_w (sign - E)/2 + jsd_w (1-beta)
-  //         (log p_s - log m - KL(p_s || m)), E/2 from the masses (row_kernels.cpp)
-  at::Tensor& g = d.sub_(rkl_c.unsqueeze(1)).mul_(rkl_w);
-  if (o.tv != 0)
-    g.add_(at::where(sg > 0, p_neg + 0.5 * p_zero,
-                     at::where(sg < 0, -(p_pos + 0.5 * p_zero), 0.5 * (p_neg - p_pos)))
-               .mul_(o.tv));
-  if (jsd_mid) g.add_(lm.sub_(kl_sm.unsqueeze(1)).mul_(o.jsd * (1 - b)));
-  g.mul_(ps).add_(diff.mul_(kl_w)).mul_(w * it);
+  if (kl_val || rkl_val || rkl_w != 0) {
+    const at::Tensor nd_star = nd.gather(1, a.argmax.unsqueeze(1));  // (n, 1) -d*
+    nd.sub_(nd_star);                                                 // -(d - d*)
+    const at::Tensor star = nd_star.squeeze(1);
+    if (kl_val) {
+      const at::Tensor kl = row_dot(pt, nd) + star;  // KL(p_t || p_s)
+      if (o.kl != 0) a.kl.copy_(kl);
+      if (o.jsd != 0 && b == 0) a.jsd.copy_(kl);
+    }
+    if (rkl_val) {
+      const at::Tensor rkl = -row_dot(ps, nd) - star;  // KL(p_s || p_t)
+      if (o.reverse_kl != 0) a.reverse_kl.copy_(rkl);
+      if (o.jsd != 0 && b == 1) a.jsd.copy_(rkl);
+    }
+  }
+  at::Tensor sg;  // (n, V) sign(p_s - p_t)
+  if (o.tv != 0) {
+    sg = ps - pt;
+    a.tv.copy_(at::linalg_vector_norm(sg, 1, at::IntArrayRef{1}).mul_(0.5));  // 1/2 |p_s - p_t|_1
+    sg.sign_();
+  }
+  if (!a.want_grad) return;
+  // G = w/T (rkl_w (d - d*) + jsd_w (1-beta) log(p_s / m) + tv_w sign/2), built in place.
+  const at::Tensor s = w * it;  // (n, 1)
+  at::Tensor G;
+  auto add_term = [&](at::Tensor& t, double c) {
+    if (G.defined()) G.addcmul_(t, s * c);
+    else G = t.mul_(s * c);
+  };
+  if (rkl_w != 0) add_term(nd, -rkl_w);
+  if (jsd_mid) add_term(l1, -o.jsd * (1 - b));
+  if (o.tv != 0) add_term(sg, 0.5 * o.tv);
+  // z (the student logits, or their upcast) takes the gradient where nothing
+  // reads it later (T = 1: softmax(z) is p_s).
+  at::Tensor out = it == 1.0 ? z : at::empty_like(ps);  // (n, V)
+  at::_softmax_backward_data_out(out, G, ps, 1, acc);            // p_s (G - sum p_s G)
+  G = nd = l1 = sg = at::Tensor();
   const at::Tensor gce = w * o.ce;  // (n, 1)
-  at::Tensor& p = it == 1.0 ? sg.copy_(ps) : at::sub_out(sg, z, lse).exp_();  // softmax(z)
-  g.addcmul_(p, gce);
-  g.scatter_add_(1, a.labels.unsqueeze(1), -gce);  // - w ce_w onehot
-  return g;
+  if (kl_w != 0) out.addcmul_(pt, s * -kl_w);  // forward KL: w/T kl_w (p_s - p_t)
+  if (it == 1.0)
+    out.addcmul_(ps, gce + s * kl_w);  // + w ce_w softmax(z)
+  else {
+    if (kl_w != 0) out.addcmul_(ps, s * kl_w);
+    out.addcmul_(at::sub(z, lse).exp_(), gce);
+  }
+  out.scatter_add_(1, a.labels.unsqueeze(1), -gce);  // - w ce_w onehot
+  if (!out.is_alias_of(a.student)) a.student.copy_(out);
 }
 
-}  // namespace
-
 // CE = logsumexp(z) - z[label]; the distillation terms of docs/LOSSES.md.
-void loss_rows_aten(const LossChunk& a) {
+void chunk_rows_aten(const LossChunk& a) {
   const at::ScalarType acc = a.student.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   const at::Tensor z = a.student.to(acc);  // (n, V): aliases student for fp32/fp64
   a.argmax.copy_(z.argmax(1));             // first maximum
@@ -135,9 +160,28 @@ void loss_rows_aten(const LossChunk& a) {
   const bool j0 = o.jsd != 0 && o.jsd_beta == 0, j1 = o.jsd != 0 && o.jsd_beta == 1;
   const double kl_w = o.kl + (j0 ? o.jsd : 0.0), rkl_w = o.reverse_kl + (j1 ? o.jsd : 0.0);
   const bool general = o.reverse_kl != 0 || o.tv != 0 || (o.jsd != 0 && !j0);
-  const at::Tensor g = a.teacher.defined() && general ? general_terms(a, z, lse, w, kl_w, rkl_w)
-                                                      : ce_and_kl(a, z, lse, w, kl_w);
+  if (a.teacher.defined() && general) return general_terms(a, z, lse, w, kl_w, rkl_w);
+  const at::Tensor g = ce_and_kl(a, z, lse, w, kl_w);
   if (a.want_grad) a.student.copy_(g);
+}
+
+}  // namespace
+
+int64_t aten_row_slices(const RowObjectives& o) {
+  return o.teacher() && o.jsd != 0 && o.jsd_beta != 0 && o.jsd_beta != 1 ? 2 : 1;
+}
+
+void loss_rows_aten(const LossChunk& a) {
+  const int64_t n = a.student.size(0), k = aten_row_slices(a.obj);
+  if (k == 1 || n < 2 || !a.teacher.defined()) return chunk_rows_aten(a);
+  const int64_t step = (n + k - 1) / k;
+  for (int64_t r0 = 0; r0 < n; r0 += step) {
+    const int64_t m = std::min(step, n - r0);
+    auto rows = [&](const at::Tensor& t) { return t.narrow(0, r0, m); };
+    chunk_rows_aten({rows(a.student), rows(a.teacher), rows(a.labels), rows(a.weights), a.obj,
+                     a.want_grad, rows(a.ce), rows(a.kl), rows(a.reverse_kl), rows(a.jsd),
+                     rows(a.tv), rows(a.argmax)});
+  }
 }
 
 void online_softmax_aten(at::Tensor s, const at::Tensor& limits, int64_t offset, double scale,

@@ -23,6 +23,12 @@ struct LossChunk {
 };
 void loss_rows_aten(const LossChunk& a);
 
+// Row slices loss_rows_aten runs a chunk in: 2 for the JSD's mixture (its
+// u and log(p_t / m) beside p_s, p_t and d: five (n, V) arrays, which in
+// halves stay under CE + forward KL's CV(up + 3a + 1)), else 1. The
+// planner's formula uses it (harness/memory.cpp).
+int64_t aten_row_slices(const RowObjectives& o);
+
 // Online softmax over one key tile: scores s (n, T) in the accumulation
 // dtype become p = exp(scale*s - m_new) (0 on columns j with offset + j >=
 // limits[i]; limits undefined = every column visible); m, l (n) and acc

@@ -214,8 +214,9 @@ struct GradScales {
 // What the first pass leaves in scratch rows for the gradient pass (with
 // T == 1 the student row also gets p_s): kY, the part of the gradient its
 // row sums do not change, Y = kl (p_s - p_t) + p_s (rkl ((d - d*)) + jsd
-// (log p_s - log m)), so the gradient is Y + p_s (c0 - ...) with c0 from
-// the sums (no TV); kD, d = p_s - p_t (TV without the reverse KL or JSD).
+// (log p_s - log m) + tv sign(p_s - p_t)/2), so the gradient is Y + p_s c0
+// with c0 from the sums; kD, d = p_s - p_t (TV alone: its gradient then
+// takes the student's masses on each side, no 1/2 - E/2 cancellation).
 enum class Cache { kNone, kY, kD };
 
 template <typename T, typename Acc, bool jsd, bool tv, Cache cache, bool same_t>
@@ -236,6 +237,9 @@ DFLASH_INLINE TermSums<Acc> term_sums(T* zs, T* zt, int64_t V, const RowLogs<Acc
       p_zero += ps * Acc(d == 0);
     }
     Acc y = g.kl * d + ps * (g.rkl * ((log_ps - log_pt) - r.d_star));
+    // TV beside the reverse KL or JSD: its sign(d)/2 joins Y (its row-mean
+    // share, -E/2, is c0's), as the reference's softmax Jacobian forms it.
+    if (tv && cache == Cache::kY) y += ps * (g.tv * Acc(0.5) * (Acc(d > 0) - Acc(d < 0)));
     if (jsd) {
       const Acc log_m =
           log_mix(r.log_beta + log_pt, r.beta * pt, r.log_1m_beta + log_ps, r.one_m_beta * ps);
@@ -287,7 +291,8 @@ DFLASH_INLINE Acc general_grad(T* zs, const T* zt, int64_t V, int64_t label, con
 template <typename T, typename Acc, bool same_t, Cache cache>
 DFLASH_INLINE Acc cached_grad(T* zs, const T* zt, int64_t V, int64_t label, const RowLogs<Acc> r,
                               const GradScales<Acc> g) {
-  const Acc c0 = -(g.rkl * g.rkl_c + g.jsd * g.kl_sm);  // the sums' share, per unit p_s
+  // The sums' share, per unit p_s (TV's -E/2 = tv_tie; 0 without TV).
+  const Acc c0 = g.tv * g.tv_tie - (g.rkl * g.rkl_c + g.jsd * g.kl_sm);
   Acc sum = 0;
 #pragma omp simd reduction(+ : sum)
   for (int64_t v = 0; v < V; ++v) {
@@ -324,7 +329,7 @@ TermPlan plan_terms(const RowObjectives& o) {
   return p;
 }
 
-// The first pass, by what it computes and caches (kY: no TV; kD: TV only).
+// The first pass, by what it computes and caches (kD: TV alone; kY: the rest).
 template <typename T, typename Acc>
 DFLASH_INLINE TermSums<Acc> first_pass(T* zs, T* zt, int64_t V, const RowLogs<Acc>& lg,
                                        const GradScales<Acc>& g, bool jsd, bool tv, Cache cache,
@@ -339,6 +344,13 @@ DFLASH_INLINE TermSums<Acc> first_pass(T* zs, T* zt, int64_t V, const RowLogs<Ac
   if (cache == Cache::kD)
     return same_t ? term_sums<T, Acc, false, true, Cache::kD, true>(zs, zt, V, lg, g)
                   : term_sums<T, Acc, false, true, Cache::kD, false>(zs, zt, V, lg, g);
+  if (tv) {  // with the reverse KL or the JSD
+    if (jsd)
+      return same_t ? term_sums<T, Acc, true, true, Cache::kY, true>(zs, zt, V, lg, g)
+                    : term_sums<T, Acc, true, true, Cache::kY, false>(zs, zt, V, lg, g);
+    return same_t ? term_sums<T, Acc, false, true, Cache::kY, true>(zs, zt, V, lg, g)
+                  : term_sums<T, Acc, false, true, Cache::kY, false>(zs, zt, V, lg, g);
+  }
   if (jsd)
     return same_t ? term_sums<T, Acc, true, false, Cache::kY, true>(zs, zt, V, lg, g)
                   : term_sums<T, Acc, true, false, Cache::kY, false>(zs, zt, V, lg, g);
@@ -385,10 +397,9 @@ DFLASH_INLINE void general_row(const LossRows& a, int64_t r, T* zs, const T* zt,
                     plan.jsd_mid ? w * Acc(o.jsd * (1 - b)) * it : Acc(0),
                     Acc(0)};
   const bool can_cache = a.want_grad && a.teacher_scratch && sizeof(T) == sizeof(Acc);
-  const Cache cache = !can_cache                   ? Cache::kNone
-                      : !plan.tv                   ? Cache::kY
-                      : !plan.rkl && !plan.jsd_mid ? Cache::kD
-                                                   : Cache::kNone;
+  const Cache cache = !can_cache                               ? Cache::kNone
+                      : plan.tv && !plan.rkl && !plan.jsd_mid ? Cache::kD
+                                                               : Cache::kY;
   T* zt_w = const_cast<T*>(zt);  // written only with teacher_scratch (cache != kNone)
   const TermSums<Acc> s =
       first_pass<T, Acc>(zs, zt_w, V, lg, g, plan.jsd_mid, plan.tv, cache, same_t);
