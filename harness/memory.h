@@ -42,8 +42,9 @@ struct LossTerms {
 // host kernels (in place, every objective); for the ATen twin
 // (optimized/aten_rows.h) CV(up + a) for CE alone, CV(up + 3a + 1) with the
 // forward KL, CV(up + 4a) on the general path and CV(up + 5a)/2 with the
-// JSD mixture (two row slices) (fp32 temporaries, up = a when e < a for the upcast student logits,
-// bytes for the masks); measured, harness/memory_test.cpp.
+// JSD mixture (two row slices) (fp32 temporaries, up = a when e < a for
+// the upcast student logits, bytes for the masks); measured,
+// harness/memory_test.cpp.
 Formula chunked_loss_bytes(int64_t M, int64_t Ns, int64_t H, int64_t V, int64_t C,
                            const LossTerms& terms, int64_t e,
                            optimized::Kernels kernels = optimized::Kernels::kHost);

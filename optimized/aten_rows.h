@@ -26,7 +26,7 @@ void loss_rows_aten(const LossChunk& a);
 // Row slices loss_rows_aten runs a chunk in: 2 for the JSD's mixture (its
 // u and log(p_t / m) beside p_s, p_t and d: five (n, V) arrays, which in
 // halves stay under CE + forward KL's CV(up + 3a + 1)), else 1. The
-// planner's formula uses it (harness/memory.cpp).
+// planner's formula mirrors it (harness/memory.cpp, the mixture's / 2).
 int64_t aten_row_slices(const RowObjectives& o);
 
 // Online softmax over one key tile: scores s (n, T) in the accumulation
