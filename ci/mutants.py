@@ -150,6 +150,32 @@ def check_mutant(m, src, build, args, log):
     return "", "survived parity, the oracle and the quick tests of " + area + "."
 
 
+def check_finds(mutants, list_path):
+    """Each mutant applies to this tree: its file exists, its find occurs
+    exactly once there and its replace changes the text. Returns the exit code."""
+    stale = []
+    for m in mutants:
+        missing = [k for k in ("name", "file", "find", "replace", "what") if k not in m]
+        if missing:
+            stale.append(f"{m.get('name', '?')}: no {', '.join(missing)}")
+            continue
+        path = ROOT / m["file"]
+        if not path.is_file():
+            stale.append(f"{m['name']}: {m['file']} does not exist")
+            continue
+        n = path.read_text().count(m["find"])
+        if n != 1:
+            stale.append(f"{m['name']}: find occurs {n} times in {m['file']} (must be once): "
+                         f"{m['find'][:100]!r}")
+        elif m["find"] == m["replace"]:
+            stale.append(f"{m['name']}: replace equals find")
+    for line in stale:
+        print("stale mutant " + line)
+    print(f"{len(mutants) - len(stale)} passed, {len(stale)} failed: "
+          f"mutant finds of {list_path} against this tree")
+    return 1 if stale else 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--list", default=str(ROOT / "ci" / "mutants.toml"))
@@ -158,12 +184,17 @@ def main():
     ap.add_argument("--cases", type=int, default=30, help="parity cases per property")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--only", nargs="*", default=[], help="names of the mutants to run")
+    ap.add_argument("--check-finds", action="store_true",
+                    help="build nothing: exit 1 unless every mutant's find occurs exactly once "
+                         "in its file of this tree (a stale mutant checks nothing)")
     args = ap.parse_args()
 
     mutants = tomllib.loads(Path(args.list).read_text())["mutant"]
     names = [m["name"] for m in mutants]
     if len(set(names)) != len(names):
         sys.exit("mutants: duplicate names in " + args.list)
+    if args.check_finds:
+        return check_finds(mutants, args.list)
     every_file = {m["file"] for m in mutants}  # before --only: any may be left mutated
     if args.only:
         mutants = [m for m in mutants if m["name"] in args.only]

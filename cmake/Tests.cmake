@@ -71,6 +71,18 @@ foreach(case bad_config hostile_configs optimized_step bench_smoke parity parity
     WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
   set_tests_properties(cli.${case} PROPERTIES LABELS quick SKIP_RETURN_CODE 77)
 endforeach()
+# Every mutant of ci/mutants.toml still applies to this tree (its find occurs
+# exactly once): a code change that leaves a nightly mutant stale fails here,
+# in the quick suite, instead of surviving silently in the nightly run.
+find_package(Python3 3.11 COMPONENTS Interpreter)
+if(Python3_FOUND)
+  add_test(NAME ci.mutant_finds_current
+    COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/ci/mutants.py --check-finds
+    WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+  set_tests_properties(ci.mutant_finds_current PROPERTIES LABELS quick)
+else()
+  message(WARNING "ci.mutant_finds_current needs python3 >= 3.11 (tomllib); not registered")
+endif()
 # safetensors files written by the reference implementation (the `safetensors`
 # package in the torch environment) read by dflash, and the reverse.
 # The python of libtorch's own environment (a reconfigure finds torch through

@@ -4,6 +4,9 @@
 
 #include <algorithm>
 
+#include "optimized/aten_rows.h"
+#include "optimized/chunked_loss.h"
+
 namespace dflash::harness {
 
 LossTerms LossTerms::of(const LossConfig& l) {
@@ -13,6 +16,7 @@ LossTerms LossTerms::of(const LossConfig& l) {
   t.mixture = l.jsd_weight != 0 && l.jsd_beta != 0 && l.jsd_beta != 1;
   for (double w : {l.kl_weight, l.reverse_kl_weight, l.jsd_weight, l.tv_weight})
     t.distill_terms += w != 0;
+  t.aten_row_slices = int(optimized::aten_row_slices(optimized::row_objectives(l)));
   return t;
 }
 
@@ -29,9 +33,9 @@ double aten_row_bytes(const LossTerms& t, double up, double a) {
   if (!t.teacher) return up + a;
   if (!t.student_probs) return up + 3 * a + 1;
   // p_s, p_t and d (log p_t, log p_s in place; the output at T != 1); the
-  // JSD's mixture adds u and one transient, run in two row slices
-  // (optimized::aten_row_slices).
-  return t.mixture ? (up + 5 * a) / 2 : up + 4 * a;
+  // JSD's mixture adds u and one transient, and the rows run in slices
+  // (optimized::aten_row_slices: 2 with the mixture).
+  return (t.mixture ? up + 5 * a : up + 4 * a) / t.aten_row_slices;
 }
 
 }  // namespace
@@ -75,10 +79,10 @@ Formula chunked_no_recompute_loss_bytes(int64_t Q, int64_t V, int64_t C, const L
 Formula unchunked_loss_bytes(int64_t Q, int64_t V, const LossTerms& terms, int64_t e) {
   const double copies = 5 + 2 * (terms.teacher ? 1 : 0) + (terms.student_probs ? 1 : 0) +
                         7 * (terms.mixture ? 1 : 0) + std::max(0, terms.distill_terms - 1);
-  const double bytes = 4.0 * double(Q) * double(V) * copies +
-                       (e < 4 ? double(e) * double(Q) * double(V) : 0.0);
-  return {bytes, fmt::format("4QV x {} copies (+ eQV when e < 4), Q={} V={} loss {}", copies, Q,
-                             V, terms.text())};
+  const double bytes =
+      4.0 * double(Q) * double(V) * copies + (e < 4 ? double(e) * double(Q) * double(V) : 0.0);
+  return {bytes, fmt::format("4QV x {} copies (+ eQV when e < 4), Q={} V={} loss {}", copies, Q, V,
+                             terms.text())};
 }
 
 Formula sparse_attention_bytes(int64_t B, int64_t nh, int64_t nkv, int64_t Q, int64_t S, int64_t hd,

@@ -30,7 +30,8 @@ struct LossTerms {
   bool teacher = false;
   bool student_probs = false;
   bool mixture = false;
-  int distill_terms = 0;  // how many of kl, reverse_kl, jsd, tv are on
+  int distill_terms = 0;    // how many of kl, reverse_kl, jsd, tv are on
+  int aten_row_slices = 1;  // optimized::aten_row_slices: the ATen rows run a chunk in this many
   LossTerms(bool kl = false) : teacher(kl), distill_terms(kl ? 1 : 0) {}  // NOLINT
   static LossTerms of(const LossConfig& loss);
   std::string text() const;  // "ce+kl", "ce+jsd(mixture)+tv", ...

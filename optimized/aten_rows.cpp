@@ -32,11 +32,11 @@ at::Tensor ce_and_kl(const LossChunk& a, const at::Tensor& z, const at::Tensor& 
     // log p_t (then the KL terms, in place), log p_s (then the gradient) and p_t.
     const double it = a.obj.inv_temperature;
     const at::ScalarType acc = z.scalar_type();
-    at::Tensor log_pt = (a.teacher.to(acc) * it).log_softmax(1);        // (n, V)
+    at::Tensor log_pt = (a.teacher.to(acc) * it).log_softmax(1);  // (n, V)
     // log_softmax, not z - lse: that rounds z and lse, each as large as
     // the logits, and p_s - p_t loses its digits where the two agree.
     at::Tensor log_ps = (it == 1.0 ? z : z * it).log_softmax(1);  // (n, V)
-    const at::Tensor pt = log_pt.exp();                                 // (n, V)
+    const at::Tensor pt = log_pt.exp();                           // (n, V)
     // p_t (log p_t - log p_s), the difference first (it cancels where the
     // two agree), and 0 where p_t underflows to 0 (log p_t may be -inf
     // there; a NaN still propagates).
@@ -70,18 +70,16 @@ at::Tensor ce_and_kl(const LossChunk& a, const at::Tensor& z, const at::Tensor& 
 // at most five (log p_t and log p_s become p_t and nd in place, then u and
 // one transient with the JSD), plus the output at T != 1 (where CE still
 // needs softmax(z) at the end; at T = 1 z takes it).
-void general_terms(const LossChunk& a, const at::Tensor& z, const at::Tensor& lse,
-                   const at::Tensor& w, double kl_w, double rkl_w) {
+void general_terms(const LossChunk& a, const TermPlan& plan, const at::Tensor& z,
+                   const at::Tensor& lse, const at::Tensor& w) {
   const RowObjectives& o = a.obj;
-  const double it = o.inv_temperature, b = o.jsd_beta;
-  const bool jsd_mid = o.jsd != 0 && b != 0 && b != 1;
-  const bool kl_val = o.kl != 0 || (o.jsd != 0 && b == 0);
-  const bool rkl_val = o.reverse_kl != 0 || (o.jsd != 0 && b == 1);
+  const double it = o.inv_temperature, b = o.jsd_beta, kl_w = plan.kl_w, rkl_w = plan.rkl_w;
+  const bool jsd_mid = plan.jsd_mid, kl_val = plan.kl, rkl_val = plan.rkl;
   const bool need_nd = kl_val || rkl_val || jsd_mid, need_pt = kl_val || jsd_mid || o.tv != 0;
   const at::ScalarType acc = z.scalar_type();
   const at::Tensor t_acc = a.teacher.to(acc);
-  at::Tensor lt = (it == 1.0 ? t_acc : t_acc * it).log_softmax(1);  // (n, V) log p_t
-  at::Tensor ls = (it == 1.0 ? z : z * it).log_softmax(1);          // (n, V) log p_s
+  at::Tensor lt = (it == 1.0 ? t_acc : t_acc * it).log_softmax(1);   // (n, V) log p_t
+  at::Tensor ls = (it == 1.0 ? z : z * it).log_softmax(1);           // (n, V) log p_s
   const at::Tensor ps = ls.exp();                                    // (n, V)
   at::Tensor nd = need_nd ? at::sub_out(ls, lt, ls) : at::Tensor();  // (n, V) log p_t - log p_s
   ls = at::Tensor();
@@ -89,18 +87,19 @@ void general_terms(const LossChunk& a, const at::Tensor& z, const at::Tensor& ls
   lt = at::Tensor();
   at::Tensor l1;  // (n, V) log1p(beta u) = -log(p_s / m)
   if (jsd_mid) {
-    at::Tensor l2 = nd.clamp(-80, 80);                           // (n, V)
-    at::Tensor u = at::expm1(l2);                                // (n, V) p_t / p_s - 1
+    at::Tensor l2 = nd.clamp(-80, 80);  // (n, V)
+    at::Tensor u = at::expm1(l2);       // (n, V) p_t / p_s - 1
     // 1 + u as exp(nd), not from u: u rounds to -1 below nd ~ -17.
-    at::div_out(l2, u, l2.exp_()).mul_(-(1 - b)).log1p_();       // -log(p_t / m)
-    const at::Tensor kl_tm = -row_dot(pt, l2);                   // KL(p_t || m)
+    at::div_out(l2, u, l2.exp_()).mul_(-(1 - b)).log1p_();  // -log(p_t / m)
+    const at::Tensor kl_tm = -row_dot(pt, l2);              // KL(p_t || m)
     l2 = at::Tensor();
     l1 = u.mul_(b).log1p_();
-    a.jsd.copy_(b * kl_tm - (1 - b) * row_dot(ps, l1));  // beta KL(p_t || m) + (1-beta) KL(p_s || m)
+    a.jsd.copy_(b * kl_tm -
+                (1 - b) * row_dot(ps, l1));  // beta KL(p_t || m) + (1-beta) KL(p_s || m)
   }
-  if (kl_val || rkl_val) {  // (rkl_w != 0 implies rkl_val)
+  if (kl_val || rkl_val) {                                           // (rkl_w != 0 implies rkl_val)
     const at::Tensor nd_star = nd.gather(1, a.argmax.unsqueeze(1));  // (n, 1) -d*
-    nd.sub_(nd_star);                                                 // -(d - d*)
+    nd.sub_(nd_star);                                                // -(d - d*)
     const at::Tensor star = nd_star.squeeze(1);
     if (kl_val) {
       const at::Tensor kl = row_dot(pt, nd) + star;  // KL(p_t || p_s)
@@ -124,8 +123,10 @@ void general_terms(const LossChunk& a, const at::Tensor& z, const at::Tensor& ls
   const at::Tensor s = w * it;  // (n, 1)
   at::Tensor G;
   auto add_term = [&](at::Tensor& t, double c) {
-    if (G.defined()) G.addcmul_(t, s * c);
-    else G = t.mul_(s * c);
+    if (G.defined())
+      G.addcmul_(t, s * c);
+    else
+      G = t.mul_(s * c);
   };
   if (rkl_w != 0) add_term(nd, -rkl_w);
   if (jsd_mid) add_term(l1, -o.jsd * (1 - b));
@@ -133,9 +134,9 @@ void general_terms(const LossChunk& a, const at::Tensor& z, const at::Tensor& ls
   // z (the student logits, or their upcast) takes the gradient where nothing
   // reads it later (T = 1: softmax(z) is p_s).
   at::Tensor out = it == 1.0 ? z : at::empty_like(ps);  // (n, V)
-  at::_softmax_backward_data_out(out, G, ps, 1, acc);            // p_s (G - sum p_s G)
+  at::_softmax_backward_data_out(out, G, ps, 1, acc);   // p_s (G - sum p_s G)
   G = nd = l1 = sg = at::Tensor();
-  const at::Tensor gce = w * o.ce;  // (n, 1)
+  const at::Tensor gce = w * o.ce;             // (n, 1)
   if (kl_w != 0) out.addcmul_(pt, s * -kl_w);  // forward KL: w/T kl_w (p_s - p_t)
   if (it == 1.0)
     out.addcmul_(ps, gce + s * kl_w);  // + w ce_w softmax(z)
@@ -150,25 +151,22 @@ void general_terms(const LossChunk& a, const at::Tensor& z, const at::Tensor& ls
 // CE = logsumexp(z) - z[label]; the distillation terms of docs/LOSSES.md.
 void chunk_rows_aten(const LossChunk& a) {
   const at::ScalarType acc = a.student.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  const at::Tensor z = a.student.to(acc);  // (n, V): aliases student for fp32/fp64
-  a.argmax.copy_(z.argmax(1));             // first maximum
+  const at::Tensor z = a.student.to(acc);       // (n, V): aliases student for fp32/fp64
+  a.argmax.copy_(z.argmax(1));                  // first maximum
   const at::Tensor lse = z.logsumexp(1, true);  // (n, 1)
   a.ce.copy_((lse - z.gather(1, a.labels.unsqueeze(1))).squeeze(1));
   for (const at::Tensor& t : {a.kl, a.reverse_kl, a.jsd, a.tv}) t.zero_();
   const at::Tensor w = a.weights.to(acc).unsqueeze(1);  // (n, 1)
-  const RowObjectives& o = a.obj;
-  const bool j0 = o.jsd != 0 && o.jsd_beta == 0, j1 = o.jsd != 0 && o.jsd_beta == 1;
-  const double kl_w = o.kl + (j0 ? o.jsd : 0.0), rkl_w = o.reverse_kl + (j1 ? o.jsd : 0.0);
-  const bool general = o.reverse_kl != 0 || o.tv != 0 || (o.jsd != 0 && !j0);
-  if (a.teacher.defined() && general) return general_terms(a, z, lse, w, kl_w, rkl_w);
-  const at::Tensor g = ce_and_kl(a, z, lse, w, kl_w);
+  const TermPlan plan = plan_terms(a.obj);
+  if (a.teacher.defined() && plan.general()) return general_terms(a, plan, z, lse, w);
+  const at::Tensor g = ce_and_kl(a, z, lse, w, plan.kl_w);
   if (a.want_grad) a.student.copy_(g);
 }
 
 }  // namespace
 
 int64_t aten_row_slices(const RowObjectives& o) {
-  return o.teacher() && o.jsd != 0 && o.jsd_beta != 0 && o.jsd_beta != 1 ? 2 : 1;
+  return o.teacher() && plan_terms(o).jsd_mid ? 2 : 1;
 }
 
 void loss_rows_aten(const LossChunk& a) {

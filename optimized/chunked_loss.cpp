@@ -31,11 +31,6 @@ struct ChunkResult {
   at::Tensor scale;  // (Ns, 1) dynamic weight of each student row, or undefined
 };
 
-RowObjectives row_objectives(const LossConfig& L) {
-  return {L.ce_weight, L.kl_weight, L.reverse_kl_weight, L.jsd_weight,
-          L.jsd_beta,  L.tv_weight, 1.0 / L.temperature};
-}
-
 // The row work of one chunk, by the chosen implementation.
 void chunk_rows(const at::Tensor& zs, const at::Tensor& zt, const at::Tensor& lab,
                 const at::Tensor& w64, const RowObjectives& obj, Kernels kernels, bool want_grad,
@@ -166,6 +161,11 @@ struct FusedLoss : public torch::autograd::Function<FusedLoss> {
 };
 
 }  // namespace
+
+RowObjectives row_objectives(const LossConfig& L) {
+  return {L.ce_weight, L.kl_weight, L.reverse_kl_weight, L.jsd_weight,
+          L.jsd_beta,  L.tv_weight, 1.0 / L.temperature};
+}
 
 at::Tensor dpace_row_weights(const at::Tensor& ce, const at::Tensor& rows, int64_t slots,
                              int64_t bs, double alpha) {

@@ -29,8 +29,12 @@
 
 #include "core/step.h"
 #include "optimized/kernels.h"
+#include "optimized/row_kernels.h"
 
 namespace dflash::optimized {
+
+// The [loss] objectives as the row implementations take them.
+RowObjectives row_objectives(const LossConfig& L);
 
 // Twin of reference::loss_and_metrics: same inputs, same outputs.
 StepOutputs loss_and_metrics(const Config& c, const at::Tensor& student_hidden,
@@ -40,8 +44,8 @@ StepOutputs loss_and_metrics(const Config& c, const at::Tensor& student_hidden,
 struct ChunkedLossOut {
   at::Tensor num;  // () sum_r w_r sum_o weight_o term_o(r), differentiable w.r.t. student
   at::Tensor ce, kl, reverse_kl, jsd, tv;  // (M) float64 per-row terms (0 where weight 0)
-  at::Tensor weights;  // (M) float64: the weights used (given x dynamic ones)
-  at::Tensor argmax;   // (M) int64
+  at::Tensor weights;                      // (M) float64: the weights used (given x dynamic ones)
+  at::Tensor argmax;                       // (M) int64
 };
 
 // Dynamic row weights (D-PACE): called once every chunk has run, with the

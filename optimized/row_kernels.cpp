@@ -93,8 +93,8 @@ DFLASH_INLINE Acc log_sum_exp_shifted(const T* z, int64_t V, Acc m, Acc scale) {
 // written over the student row; the KL is accumulated in the same pass so
 // each exp is taken once. `same_t` (T == 1) shares softmax(z) and softmax(z/T).
 template <typename T, typename Acc, bool same_t>
-DFLASH_INLINE Acc grad_and_kl(T* zs, const T* zt, int64_t V, int64_t label, Acc ms, Acc mt,
-                              Acc lse, Acc lse_st, Acc lse_tt, Acc inv_t, Acc gce, Acc gkl) {
+DFLASH_INLINE Acc grad_and_kl(T* zs, const T* zt, int64_t V, int64_t label, Acc ms, Acc mt, Acc lse,
+                              Acc lse_st, Acc lse_tt, Acc inv_t, Acc gce, Acc gkl) {
   Acc kl = 0;
 #pragma omp simd reduction(+ : kl)
   for (int64_t v = 0; v < V; ++v) {
@@ -191,7 +191,7 @@ struct TermSums {
 // The inputs of one row's distillation terms.
 template <typename Acc>
 struct RowLogs {
-  Acc ms, mt;                 // the rows' maxima (student, teacher)
+  Acc ms, mt;  // the rows' maxima (student, teacher)
   // Shifted by the max: lse = log sum exp(z - ms); lse_st, lse_tt = log sum
   // exp((z - m)/T) of the student and the teacher row.
   Acc lse, lse_st, lse_tt, inv_t;
@@ -310,25 +310,6 @@ DFLASH_INLINE Acc cached_grad(T* zs, const T* zt, int64_t V, int64_t label, cons
   return sum;
 }
 
-// Which terms a row computes; jsd at beta 0 / 1 is the forward / reverse KL.
-struct TermPlan {
-  bool kl, rkl, jsd_mid, tv;  // values needed
-  double kl_w, rkl_w;         // weights of the two KLs' gradients (jsd endpoints included)
-  bool general() const { return rkl || jsd_mid || tv; }
-};
-
-TermPlan plan_terms(const RowObjectives& o) {
-  const bool j0 = o.jsd != 0 && o.jsd_beta == 0, j1 = o.jsd != 0 && o.jsd_beta == 1;
-  TermPlan p;
-  p.kl = o.kl != 0 || j0;
-  p.rkl = o.reverse_kl != 0 || j1;
-  p.jsd_mid = o.jsd != 0 && !j0 && !j1;
-  p.tv = o.tv != 0;
-  p.kl_w = o.kl + (j0 ? o.jsd : 0.0);
-  p.rkl_w = o.reverse_kl + (j1 ? o.jsd : 0.0);
-  return p;
-}
-
 // The first pass, by what it computes and caches (kD: TV alone; kY: the rest).
 template <typename T, typename Acc>
 DFLASH_INLINE TermSums<Acc> first_pass(T* zs, T* zt, int64_t V, const RowLogs<Acc>& lg,
@@ -397,9 +378,9 @@ DFLASH_INLINE void general_row(const LossRows& a, int64_t r, T* zs, const T* zt,
                     plan.jsd_mid ? w * Acc(o.jsd * (1 - b)) * it : Acc(0),
                     Acc(0)};
   const bool can_cache = a.want_grad && a.teacher_scratch && sizeof(T) == sizeof(Acc);
-  const Cache cache = !can_cache                               ? Cache::kNone
+  const Cache cache = !can_cache                              ? Cache::kNone
                       : plan.tv && !plan.rkl && !plan.jsd_mid ? Cache::kD
-                                                               : Cache::kY;
+                                                              : Cache::kY;
   T* zt_w = const_cast<T*>(zt);  // written only with teacher_scratch (cache != kNone)
   const TermSums<Acc> s =
       first_pass<T, Acc>(zs, zt_w, V, lg, g, plan.jsd_mid, plan.tv, cache, same_t);
@@ -466,10 +447,10 @@ DFLASH_INLINE void one_row(const LossRows& a, int64_t r) {
       kl = kl_only<T, Acc>(zs, zt, V, ms.value, mt, lse_st, lse_tt, inv_t);
     else if (same_t)
       kl = grad_and_kl<T, Acc, true>(zs, zt, V, label, ms.value, mt, lse, lse_st, lse_tt, inv_t,
-                                          gce, gkl);
+                                     gce, gkl);
     else
       kl = grad_and_kl<T, Acc, false>(zs, zt, V, label, ms.value, mt, lse, lse_st, lse_tt, inv_t,
-                                          gce, gkl);
+                                      gce, gkl);
     a.kl[r] = a.obj.kl != 0 ? double(kl) : 0.0;
     a.jsd[r] = a.obj.jsd != 0 ? double(kl) : 0.0;  // jsd at beta = 0
   } else if (a.want_grad) {
@@ -558,6 +539,18 @@ DFLASH_CLONES void backward_f32(const AttentionRows& a, const void* lse, const v
 }
 
 }  // namespace
+
+TermPlan plan_terms(const RowObjectives& o) {
+  const bool j0 = o.jsd != 0 && o.jsd_beta == 0, j1 = o.jsd != 0 && o.jsd_beta == 1;
+  TermPlan p;
+  p.kl = o.kl != 0 || j0;
+  p.rkl = o.reverse_kl != 0 || j1;
+  p.jsd_mid = o.jsd != 0 && !j0 && !j1;
+  p.tv = o.tv != 0;
+  p.kl_w = o.kl + (j0 ? o.jsd : 0.0);
+  p.rkl_w = o.reverse_kl + (j1 ? o.jsd : 0.0);
+  return p;
+}
 
 void online_softmax_rows(const AttentionRows& a, void* m, void* l, void* acc, int64_t hd) {
   if (a.dtype == RowDtype::kFloat64)

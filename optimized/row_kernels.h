@@ -23,6 +23,18 @@ struct RowObjectives {
   bool teacher() const { return kl != 0 || reverse_kl != 0 || jsd != 0 || tv != 0; }
 };
 
+// Which terms a row computes, by the objectives' weights: the jsd at beta 0
+// / 1 is the forward / reverse KL (its weight joins that KL's gradient), in
+// between it is the mixture JSD. Both row implementations follow it.
+struct TermPlan {
+  bool kl, rkl, jsd_mid, tv;  // values needed
+  double kl_w, rkl_w;         // weights of the two KLs' gradients (jsd endpoints included)
+  // Reverse KL, mixture JSD or TV: a second pass (host) or the
+  // softmax-Jacobian form (ATen); else CE + forward KL's fused pass.
+  bool general() const { return rkl || jsd_mid || tv; }
+};
+TermPlan plan_terms(const RowObjectives& o);
+
 struct LossRows {
   RowDtype dtype;
   int64_t vocab;          // V, the row length
