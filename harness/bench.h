@@ -17,9 +17,10 @@
 namespace dflash::harness {
 
 struct PathResult {
-  double seconds = 0;      // best of the repeats (wall clock)
-  double sys_seconds = 0;  // kernel time of that run (page faults of fresh allocations)
-  int64_t peak_bytes = 0;  // absolute peak (inputs included), worst of the repeats
+  double seconds = 0;       // best of the repeats (wall clock)
+  double sys_seconds = 0;   // kernel time of that run (page faults of fresh allocations)
+  int64_t peak_bytes = 0;   // absolute peak (inputs included), worst of the repeats
+  int64_t start_bytes = 0;  // live at the start of that worst run (its peak_delta's base)
 };
 
 class BenchCase {
