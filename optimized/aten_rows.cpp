@@ -94,10 +94,11 @@ void general_terms(const LossChunk& a, const TermPlan& plan, const at::Tensor& z
     const at::Tensor kl_tm = -row_dot(pt, l2);              // KL(p_t || m)
     l2 = at::Tensor();
     l1 = u.mul_(b).log1p_();
-    a.jsd.copy_(b * kl_tm -
-                (1 - b) * row_dot(ps, l1));  // beta KL(p_t || m) + (1-beta) KL(p_s || m)
+    // beta KL(p_t || m) + (1 - beta) KL(p_s || m)
+    a.jsd.copy_(b * kl_tm - (1 - b) * row_dot(ps, l1));
   }
-  if (kl_val || rkl_val) {                                           // (rkl_w != 0 implies rkl_val)
+  // (rkl_w != 0 implies rkl_val)
+  if (kl_val || rkl_val) {
     const at::Tensor nd_star = nd.gather(1, a.argmax.unsqueeze(1));  // (n, 1) -d*
     nd.sub_(nd_star);                                                // -(d - d*)
     const at::Tensor star = nd_star.squeeze(1);
