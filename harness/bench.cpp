@@ -371,7 +371,8 @@ int run_bench(const BenchOptions& o) {
   activate_device(device, "dflash bench --device");
   const BenchWhere where{o.quick, device, o.kernels};
   // Cases are built one at a time so that only the measured case's inputs
-  // are live: peaks are absolute (inputs included).
+  // are live: peaks are absolute (inputs included). (The objectives table
+  // keeps its six cases alive together and subtracts the others' bytes.)
   std::vector<std::function<std::unique_ptr<BenchCase>()>> cases;
   auto wanted = [&](const char* n) {
     return o.cases.empty() || std::find(o.cases.begin(), o.cases.end(), n) != o.cases.end();
