@@ -3,6 +3,15 @@
 # Files named `*_nightly_test.cpp` form the nightly suite (label `nightly`);
 # everything else is the quick suite (label `quick`).
 
+# ctest -j runs several tests at once on few cores, each with libtorch's
+# OpenMP pool of one thread per core: with libgomp's default (spinning)
+# wait policy, the idle threads of one test burn the cores another needs
+# (two `dflash train` runs side by side on 2 cores: ~80-110 s each, against
+# ~10 s alone and ~15 s side by side with passive waiting). So every test
+# waits passively; benches and runs keep the default, faster for one process
+# (docs/PERFORMANCE.md).
+set(dflash_test_env_mod "OMP_WAIT_POLICY=set:PASSIVE")
+
 find_package(GTest REQUIRED)
 find_package(rapidcheck REQUIRED)
 include(GoogleTest)
@@ -54,7 +63,8 @@ foreach(src ${DFLASH_TEST_SOURCES})
                # second NAME=VALUE is read as a property name and dropped. Tests
                # find the sources through the working directory (DFLASH_SOURCE_DIR
                # defaults to it) and the binary through DFLASH_BINARY.
-               ENVIRONMENT "DFLASH_BINARY=$<TARGET_FILE:dflash>")
+               ENVIRONMENT "DFLASH_BINARY=$<TARGET_FILE:dflash>"
+               ENVIRONMENT_MODIFICATION "${dflash_test_env_mod}")
 endforeach()
 
 # Command-line tests: the binary itself, driven by ci/cli_tests.sh.
@@ -112,3 +122,8 @@ endif()
 set_tests_properties(cli.dump_then_step_from_is_bitwise cli.every_subcommand_has_help
   PROPERTIES LABELS quick)
 
+# The tests registered here by add_test (command-line and interop tests)
+# wait passively too (the GoogleTest cases get it through their discovery).
+get_property(dflash_added_tests DIRECTORY PROPERTY TESTS)
+set_tests_properties(${dflash_added_tests} PROPERTIES
+  ENVIRONMENT_MODIFICATION "${dflash_test_env_mod}")
