@@ -13,10 +13,12 @@ LossTerms LossTerms::of(const LossConfig& l) {
   LossTerms t;
   t.teacher = l.uses_teacher();
   t.student_probs = l.uses_student_probs();
-  t.mixture = l.jsd_weight != 0 && l.jsd_beta != 0 && l.jsd_beta != 1;
+  // The row implementations' own term plan: the JSD between its endpoints.
+  const optimized::RowObjectives o = optimized::row_objectives(l);
+  t.mixture = optimized::plan_terms(o).jsd_mid;
   for (double w : {l.kl_weight, l.reverse_kl_weight, l.jsd_weight, l.tv_weight})
     t.distill_terms += w != 0;
-  t.aten_row_slices = int(optimized::aten_row_slices(optimized::row_objectives(l)));
+  t.aten_row_slices = int(optimized::aten_row_slices(o));
   return t;
 }
 
