@@ -10,10 +10,15 @@ tiny=fixtures/configs/tiny.toml
 
 case "$case_name" in
   dump_roundtrip)
-    # dump, then step --from must reproduce the loss bit for bit.
+    # dump, then step --from must reproduce every output and gradient bit
+    # for bit (harness/dump_check_test.cpp tampers with dumps).
     "$dflash" dump --config "$tiny" --out "$tmp/step.safetensors" --step 3
     "$dflash" step --from "$tmp/step.safetensors" --check | tee "$tmp/out.txt"
-    grep -q "bit for bit: yes" "$tmp/out.txt"
+    grep -q "(bit for bit .*): 34 tensors, 0 failed" "$tmp/out.txt"
+    grep -q "verdict: the dump agrees" "$tmp/out.txt"
+    # judged as another trainer's dump: the error ratio against float64
+    "$dflash" step --from "$tmp/step.safetensors" --compare tolerance --check | tee "$tmp/tol.txt"
+    grep -q "(error ratio .*): 34 tensors, 0 failed" "$tmp/tol.txt"
     # and a corrupted copy is refused with a message naming the file.
     head -c 100 "$tmp/step.safetensors" > "$tmp/cut.safetensors"
     if "$dflash" step --from "$tmp/cut.safetensors" 2> "$tmp/err.txt"; then
@@ -44,11 +49,28 @@ case "$case_name" in
     cat "$tmp/err.txt"
     grep -q "odd.toml: target.head_dim: expected an even number" "$tmp/err.txt"
     "$dflash" validate --config fixtures/configs/seed-8gpu.toml
+    # A config whose target is a Hugging Face directory and whose data is a
+    # file: step, dump and audit run the fixture target and batch, so they
+    # refuse it naming the key instead of silently replacing both.
+    train=fixtures/configs/tiny-train.toml
+    for cmd in "step --config $train" "dump --config $train --out $tmp/x.safetensors" \
+               "audit --config $train"; do
+      if "$dflash" $cmd > "$tmp/err.txt" 2>&1; then echo "accepted: dflash $cmd"; exit 1; fi
+      grep -q "$train: target.source = \"hf\"" "$tmp/err.txt" ||
+        { echo "dflash $cmd:"; cat "$tmp/err.txt"; exit 1; }
+    done
+    [ ! -e "$tmp/x.safetensors" ]
+    sed '/^\[data\]/,/^\[loss\]/ s/^source = "fixture"$/source = "jsonl"\npath = "rows.jsonl"/' \
+      "$tiny" > "$tmp/data.toml"
+    if "$dflash" dump --config "$tmp/data.toml" --out "$tmp/x.safetensors" > "$tmp/err.txt" 2>&1; then
+      echo "accepted a data file"; exit 1
+    fi
+    grep -q "data.toml: data.source = " "$tmp/err.txt" || { cat "$tmp/err.txt"; exit 1; }
     ;;
   hostile_configs)
     # Issue 14: the two hostile configs fail in their range check, and a valid
     # config too big for this host is refused by every command that builds
-    # weights before it allocates, each within 1 s and 200 MB of peak RSS
+    # weights before it allocates, each within 3x the time of `validate` on tiny.toml (measured here) and 200 MB of peak RSS above it
     # (a CPU command starts at ~0.4 s and ~120 MB: libtorch_cuda is loaded
     # only when CUDA is wanted, core/env.h). A 6 GB address-space
     # limit keeps a guard that is missing from eating the machine (not under
@@ -63,13 +85,13 @@ case "$case_name" in
       read -r secs kb < <(tail -1 "$tmp/time")
       echo "dflash $*: ${secs} s, ${kb} KB: $(head -c 300 "$tmp/out")"
       grep -qF -- "$want" "$tmp/out" || { echo "expected: $want"; exit 1; }
-      # Within 1 s and 200 MB of RSS (libtorch_cuda is not loaded by CPU
-      # commands); under ASan, whose runtime alone exceeds that, within the
-      # baseline + 1 s / + 200 MB.
-      if [ -n "${DFLASH_SANITIZED:-}" ]; then s0=$base_s; k0=$base_kb; else s0=0; k0=0; fi
-      awk -v s="$secs" -v k="$kb" -v s0="$s0" -v k0="$k0" \
-        'BEGIN { exit !(s <= s0 + 1.0 && k <= k0 + 200000) }' ||
-        { echo "over ${s0} + 1 s / ${k0} + 200000 KB (baseline ${base_s} s, ${base_kb} KB)"; exit 1; }
+      # Refused before any allocation: within 3x the time and 200 MB more RSS
+      # than the baseline below (validate of tiny.toml, measured in this run
+      # under the same load, sanitized or not; libtorch_cuda is not loaded by
+      # CPU commands). Building the weights would take tens of seconds and GBs.
+      awk -v s="$secs" -v k="$kb" -v s0="$base_s" -v k0="$base_kb" \
+        'BEGIN { exit !(s <= 3 * s0 + 0.05 && k <= k0 + 200000) }' ||
+        { echo "over 3 x ${base_s} s / ${base_kb} + 200000 KB (the baseline)"; exit 1; }
     }
     /usr/bin/time -f "%e %M" -o "$tmp/time" "$dflash" validate --config "$tiny" > /dev/null
     read -r base_s base_kb < <(tail -1 "$tmp/time")

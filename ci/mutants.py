@@ -126,6 +126,17 @@ def compile_error(out):
 def check_mutant(m, src, build, args, log):
     """Applies m, runs the checks; returns (killed_by, detail)."""
     ninja = ["ninja", "-C", build]
+    if "test" in m:  # one named test must kill it (a test's own mutant)
+        rc, out = run(ninja, src, 3600, log)
+        if rc:
+            return "", "does not compile: " + compile_error(out)
+        rc, out = run(["ctest", "--test-dir", build, "-R", m["test"], "--output-on-failure",
+                       "--timeout", "600"], src, 3600, log)
+        if "No tests were found" in out:
+            return "", f"no test matches {m['test']}"
+        if rc != 0:
+            return "test", first_failure(out, "tests") or "ctest failed"
+        return "", f"survived its test {m['test']}"
     rc, out = run(ninja + ["dflash"], src, 1800, log)
     if rc:
         return "", "does not compile: " + compile_error(out)

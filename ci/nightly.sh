@@ -13,7 +13,8 @@ seed="${DFLASH_SEED:-$(date +%s)}"
 echo "nightly seed: $seed"
 export DFLASH_SEED="$seed" DFLASH_CASES="${DFLASH_CASES:-3000}"
 export RC_PARAMS="${RC_PARAMS:-max_success=2000 seed=$seed}"
-ctest --test-dir build -j"$(nproc)" --output-on-failure --timeout 3600
+ctest --test-dir build -j"$(nproc)" --output-on-failure --timeout 3600 \
+  --output-junit nightly-ctest.xml
 build/dflash parity --cases 4000 --seed "$seed" --json build/nightly-parity.json \
   --junit build/nightly-parity.xml --out-dir build
 # Mutation testing of the real sources: every mutant must be killed.

@@ -15,6 +15,7 @@
 #include "core/step.h"
 #include "fixtures/fixtures.h"
 #include "harness/bench.h"
+#include "harness/dump_check.h"
 #include "harness/memory_guard.h"
 #include "harness/step_dump.h"
 #include "optimized/step.h"
@@ -74,30 +75,6 @@ std::string bits_of(const at::Tensor& scalar) {
   return fmt::format("{:.9g} (0x{:08x})", v, b);
 }
 
-// Compares a recomputed step with the outputs and gradients a dump recorded.
-bool compare_recorded(const harness::StepDump& d, const StepResult& r) {
-  auto it = d.recorded.find("output.loss");
-  if (it == d.recorded.end()) {
-    fmt::print("\n  the file records no output.loss: nothing to compare\n");
-    return false;
-  }
-  const at::Tensor now = r.out.loss.detach().to(at::kCPU).to(it->second.scalar_type());
-  const bool same = at::equal(now, it->second);
-  fmt::print("\n  loss recorded   {}\n  loss recomputed {}\n  bit for bit: {}\n",
-             bits_of(it->second), bits_of(now), same ? "yes" : "NO");
-  double worst = 0;
-  std::string worst_name = "-";
-  for (const auto& [name, g] : r.grads) {
-    auto rec = d.recorded.find("grad." + name);
-    if (rec == d.recorded.end() || !g.defined()) continue;
-    const double diff =
-        (g.to(at::kCPU, at::kDouble) - rec->second.to(at::kDouble)).abs().max().item<double>();
-    if (diff >= worst) worst = diff, worst_name = name;
-  }
-  fmt::print("  gradients: max |recomputed - recorded| = {:.3e} ({})\n", worst, worst_name);
-  return same;
-}
-
 }  // namespace
 
 int cmd_step(const StepArgs& a) {
@@ -115,10 +92,17 @@ int cmd_step(const StepArgs& a) {
     const auto t0 = std::chrono::steady_clock::now();
     StepResult r = run_step(step_fn(a.build), d.config, d.drafter, d.frozen, d.inputs);
     print_step_table(d.config, d.inputs, r, a.build, a.from, threads, seconds_since(t0));
-    const bool same = compare_recorded(d, r);
-    return (a.check && !same) ? 1 : 0;
+    const harness::DumpCheck check =
+        harness::check_step_dump(d, r, harness::parse_dump_mode(a.compare));
+    auto rec = d.recorded.find("output.loss");
+    if (rec != d.recorded.end())
+      fmt::print("\n  loss recorded   {}\n  loss recomputed {}\n", bits_of(rec->second),
+                 bits_of(r.out.loss.detach().to(at::kCPU).to(rec->second.scalar_type())));
+    fmt::print("\n{}", check.format());
+    return (a.check && !check.ok()) ? 1 : 0;
   }
   Config c = load_config(a.config);
+  fixtures::require_fixture_sources(c, "dflash step --config");
   if (!a.device.empty()) {
     c.topology.device = a.device;
     validate_config(c);
@@ -142,6 +126,7 @@ int cmd_step(const StepArgs& a) {
 
 int cmd_dump(const DumpArgs& a) {
   const Config c = load_config(a.config);
+  fixtures::require_fixture_sources(c, "dflash dump");
   harness::guard_memory(c, harness::Workload::kReferenceStep, "dflash dump");
   configure_threads(a.threads >= 0 ? a.threads : c.run.threads);
   const TargetWeights target = fixtures::make_target(c);

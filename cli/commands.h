@@ -12,7 +12,8 @@ struct StepArgs {
   std::string from;      // --from: recompute a dumped step
   uint64_t step = 0;     // --step: which fixture step (batch and anchors)
   int64_t threads = -1;  // --threads: overrides run.threads when >= 0
-  bool check = false;    // --check: exit 1 unless the recorded loss is reproduced bit for bit
+  bool check = false;    // --check: with --from, exit 1 unless every recorded tensor agrees
+  std::string compare = "auto";     // --compare: auto | bitwise | tolerance (harness/dump_check.h)
   std::string build = "reference";  // --build: reference | optimized
   std::string device;               // --device: overrides topology.device
 };

@@ -2,8 +2,11 @@
 // torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
 // MASTER_PORT; with --nnodes also NODE_RANK and LOCAL_WORLD_SIZE, one
 // launcher per node), their output forwarded line by line with a rank prefix. When
-// one rank fails, the others are stopped (SIGTERM, then SIGKILL after a
-// grace period) and the launcher returns the failing rank's exit code.
+// one rank fails, the others are stopped (SIGTERM marked kEndRankNow, then
+// SIGKILL after a grace period) and the launcher returns the failing rank's
+// exit code. SIGTERM / SIGINT to the launcher is forwarded to every rank
+// (each in a process group of its own) as a stop request; when they stop in
+// order the launcher exits 128 + signal with the `--resume` command.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -24,6 +27,7 @@
 
 #include "cli/commands.h"
 #include "harness/preflight.h"
+#include "train/loop.h"
 
 namespace dflash::cli {
 namespace {
@@ -66,6 +70,9 @@ Child spawn(int64_t local, const Placement& p, const std::vector<std::string>& a
   if (c.pid < 0) throw std::runtime_error("launch: fork failed");
   if (c.pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the launcher
+    // A group of its own: a terminal's Ctrl-C reaches the launcher only, which
+    // forwards it once (two would reach a rank otherwise).
+    setpgid(0, 0);
     dup2(fds[1], 1);
     dup2(fds[1], 2);
     close(fds[0]);
@@ -93,6 +100,7 @@ Child spawn(int64_t local, const Placement& p, const std::vector<std::string>& a
     std::perror("launch: exec");
     std::_Exit(127);
   }
+  setpgid(c.pid, c.pid);  // also here: no window where a signal to our group reaches it
   close(fds[1]);
   fcntl(fds[0], F_SETFL, O_NONBLOCK);
   c.out = fds[0];
@@ -112,6 +120,44 @@ void forward(Child& c, int64_t rank, bool flush_all) {
   if (flush_all && !c.pending.empty())
     fmt::print("[rank {}] {}\n", rank, c.pending), c.pending.clear();
   std::fflush(stdout);
+}
+
+// Ends the running ranks after one failed: SIGCONT (a stopped rank), then
+// SIGTERM queued with kEndRankNow, which a rank's stop handler does not take
+// for a stop request (train/loop.h); SIGKILL follows after the grace.
+void end_ranks(std::vector<Child>& kids) {
+  sigval v{};
+  v.sival_int = train::kEndRankNow;
+  for (auto& o : kids)
+    if (o.running) kill(o.pid, SIGCONT), sigqueue(o.pid, SIGTERM, v);
+}
+
+// The command that continues a stopped `launch -- train` run.
+std::string resume_command(const LaunchArgs& a) {
+  std::string cmd = fmt::format("dflash launch --nproc {}", a.nproc);
+  if (a.nnodes > 1)
+    cmd += fmt::format(" --nnodes {} --node-rank {} (one launcher per node)", a.nnodes,
+                       a.node_rank);
+  cmd += " --";
+  bool resume = false;
+  for (const auto& x : a.args) cmd += " " + x, resume |= x == "--resume";
+  return resume ? cmd : cmd + " --resume";
+}
+
+// A forwarded SIGTERM / SIGINT has ended every rank in order.
+int report_stop(const LaunchArgs& a, int sig) {
+  const char* name = sig == SIGINT ? "SIGINT" : "SIGTERM";
+  if (a.args[0] != "train") {
+    fmt::print(stderr, "dflash launch: stopped by {}; every rank has ended\n", name);
+    return 128 + sig;
+  }
+  fmt::print(stderr,
+             "dflash launch: stopped by {}; every rank stopped after the same step and drafter "
+             "rank 0's checkpoint is complete (named above).\n"
+             "Continue the run with the same command and --resume:\n  {}\n",
+             name, resume_command(a));
+  std::fflush(stderr);
+  return 128 + sig;
 }
 
 }  // namespace
@@ -164,6 +210,66 @@ int preflight_before_training(const std::vector<std::string>& args) {
   return 0;
 }
 
+namespace {
+
+struct Outcome {
+  int64_t failed_rank = -1;
+  int failed_code = 0;
+  int forwarded = 0;     // the signal forwarded to the ranks, 0 if none came
+  bool stopped = false;  // a rank exited 128 + that signal: it stopped in order
+};
+
+// Forwards the ranks' output until every rank has ended. A signal received
+// here goes to every rank once; a rank that exits 128 + that signal stopped
+// in order. Any other failure (a non-zero exit, a rank killed by a signal)
+// ends the others (end_ranks; SIGKILL after `grace_s`).
+Outcome supervise(std::vector<Child>& kids, const Placement& place, double grace_s) {
+  Outcome out;
+  auto deadline = std::chrono::steady_clock::time_point::max();
+  for (;;) {
+    std::vector<pollfd> fds;
+    for (auto& k : kids) fds.push_back({k.out, POLLIN, 0});
+    poll(fds.data(), fds.size(), 100);
+    if (const int sig = train::detail::stop_requested(); sig != 0 && out.forwarded == 0) {
+      out.forwarded = sig;
+      fmt::print("dflash launch: {} received; asking every rank to stop\n",
+                 sig == SIGINT ? "SIGINT" : "SIGTERM");
+      for (auto& k : kids)
+        if (k.running) kill(k.pid, sig);
+    }
+    int running = 0;
+    for (size_t r = 0; r < kids.size(); ++r) {
+      Child& k = kids[r];
+      forward(k, place.rank(int64_t(r)), false);
+      if (!k.running) continue;
+      int status = 0;
+      if (waitpid(k.pid, &status, WNOHANG) != k.pid) {
+        ++running;
+        continue;
+      }
+      k.running = false;
+      k.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      forward(k, place.rank(int64_t(r)), true);
+      const bool in_order = out.forwarded != 0 && WIFEXITED(status) && k.code == 128 + out.forwarded;
+      out.stopped |= in_order;
+      if (k.code == 0 || in_order || out.failed_rank >= 0) continue;
+      out.failed_rank = place.rank(int64_t(r)), out.failed_code = k.code;
+      fmt::print("dflash launch: rank {} exited with code {}; stopping the other ranks\n",
+                 out.failed_rank, k.code);
+      end_ranks(kids);
+      deadline = std::chrono::steady_clock::now() +
+                 std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                     std::chrono::duration<double>(grace_s));
+    }
+    if (running == 0) return out;
+    if (std::chrono::steady_clock::now() > deadline)
+      for (auto& o : kids)
+        if (o.running) kill(o.pid, SIGKILL);
+  }
+}
+
+}  // namespace
+
 int cmd_launch(const LaunchArgs& a) {
   if (a.nproc < 1) throw std::runtime_error("launch: --nproc must be >= 1");
   if (a.args.empty())
@@ -184,47 +290,17 @@ int cmd_launch(const LaunchArgs& a) {
         "--master-port (or MASTER_ADDR / MASTER_PORT), the same on every node");
   if (place.port == 0) place.port = free_port();
   if (const int gate = preflight_before_training(a.args); gate != 0) return gate;
+  // SIGTERM / SIGINT here (a scheduler, a terminal): forwarded once to every
+  // rank as a stop request; a second one ends the launcher, and the ranks
+  // with it (PR_SET_PDEATHSIG).
+  train::detail::install_stop_handlers();
   std::vector<Child> kids;
   for (int64_t r = 0; r < a.nproc; ++r) kids.push_back(spawn(r, place, a.args));
-  int64_t failed_rank = -1;
-  int failed_code = 0;
-  auto deadline = std::chrono::steady_clock::time_point::max();
-  for (;;) {
-    std::vector<pollfd> fds;
-    for (auto& k : kids) fds.push_back({k.out, POLLIN, 0});
-    poll(fds.data(), fds.size(), 100);
-    int running = 0;
-    for (size_t r = 0; r < kids.size(); ++r) {
-      Child& k = kids[r];
-      forward(k, place.rank(int64_t(r)), false);
-      if (!k.running) continue;
-      int status = 0;
-      if (waitpid(k.pid, &status, WNOHANG) == k.pid) {
-        k.running = false;
-        k.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        forward(k, place.rank(int64_t(r)), true);
-        if (k.code != 0 && failed_rank < 0) {
-          failed_rank = place.rank(int64_t(r)), failed_code = k.code;
-          fmt::print("dflash launch: rank {} exited with code {}; stopping the other ranks\n",
-                     failed_rank, k.code);
-          for (auto& o : kids)
-            if (o.running) kill(o.pid, SIGCONT), kill(o.pid, SIGTERM);
-          deadline = std::chrono::steady_clock::now() +
-                     std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                         std::chrono::duration<double>(a.grace_s));
-        }
-      } else {
-        ++running;
-      }
-    }
-    if (running == 0) break;
-    if (std::chrono::steady_clock::now() > deadline)
-      for (auto& o : kids)
-        if (o.running) kill(o.pid, SIGKILL);
-  }
+  const Outcome out = supervise(kids, place, a.grace_s);
   for (auto& k : kids) close(k.out);
   if (!launch_verdict.empty()) std::remove(launch_verdict.c_str());  // our verdict copy only
-  if (failed_rank >= 0) return failed_code;
+  if (out.failed_rank >= 0) return out.failed_code;
+  if (out.stopped) return report_stop(a, out.forwarded);
   return 0;
 }
 

@@ -51,7 +51,12 @@ void add_step(CLI::App& app, Subcommands& subs) {
   s->add_option("--build", a->build, "Which build computes the step")
       ->check(CLI::IsMember({"reference", "optimized"}));
   s->add_flag("--check", a->check,
-              "With --from: exit 1 unless the recorded loss is reproduced bit for bit");
+              "With --from: exit 1 unless every recorded output and gradient agrees (--compare)");
+  s->add_option("--compare", a->compare,
+                "With --from: bitwise (every tensor bit for bit: dflash's own dumps), tolerance "
+                "(the harness's error ratio against the float64 reference, in the dump's dtype: "
+                "another trainer's dump) or auto (bitwise when the dump's producer is dflash)")
+      ->check(CLI::IsMember({"auto", "bitwise", "tolerance"}));
   s->add_option("--device", a->device,
                 "Run the step on cpu, cuda or cuda:N (default: the config's topology.device)");
   s->callback([a] {

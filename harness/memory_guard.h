@@ -8,15 +8,9 @@
 #include <string>
 
 #include "core/config.h"
+#include "harness/planner.h"  // Workload, Where, estimate_memory
 
 namespace dflash::harness {
-
-enum class Workload {
-  kStep,           // one target forward + one optimized drafter step (step, audit)
-  kReferenceStep,  // the same through the reference build (full logits, dense attention)
-  kTrain,          // the training run: every rank's plan, with optimizer state
-  kFeatures,       // the target forward alone (dflash features)
-};
 
 struct MemoryBudget {
   bool fits = true;
@@ -29,13 +23,17 @@ struct MemoryBudget {
 // memory where that cannot be read).
 double available_host_bytes();
 
-// The planner's estimate for `w` against `capacity` bytes (the host's or a
-// device's). Pure: no allocation proportional to the config.
-MemoryBudget memory_budget(const Config& c, Workload w, double capacity);
+// The estimate for `w` (estimate_memory, counted for `where`) against
+// `capacity` bytes (the host's or a device's). For a run on one host (cpu)
+// the need is the sum of its ranks; on devices, the largest rank. Pure: no
+// allocation proportional to the config.
+MemoryBudget memory_budget(const Config& c, Workload w, const Where& where, double capacity);
 
 // Throws std::runtime_error with memory_budget's text when the config does
 // not fit (after set_ignore_memory_plan(true) it prints a warning to stderr
 // instead). `command` names the command in the message ("dflash step").
+// Counted for where_it_runs(c): the configured CUDA device (held to
+// topology.device_memory_gb; unchecked when that is empty) or this host.
 void guard_memory(const Config& c, Workload w, const std::string& command);
 
 // `--ignore-memory-plan` on the command line (process-wide, set by cli/main).

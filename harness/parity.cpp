@@ -3,6 +3,8 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
 
+#include <torch/csrc/autograd/autograd.h>
+
 #include "fixtures/fixtures.h"
 #include "reference/layers.h"
 #include "reference/step.h"
@@ -100,6 +102,101 @@ at::Tensor near_ties(const StepCase& c64, const StepResult& r64, double logit_no
 
 namespace {
 
+// The entries (b, q, v) whose TV sign the candidate's dtype cannot resolve
+// (tv_sign_slack in harness/parity.h), as a (B, Q, V) bool tensor.
+at::Tensor tv_sign_ties(const at::Tensor& log_ps, const at::Tensor& log_pt,
+                        const at::Tensor& log_ps_candidate, const at::Tensor& weighted,
+                        double band) {
+  const at::Tensor side = log_ps > log_pt, side_c = log_ps_candidate > log_pt;  // (B, Q, V)
+  const at::Tensor close = (log_ps - log_pt).abs() <= band;                      // (B, Q, V)
+  return ((side != side_c) | close) & weighted.unsqueeze(-1);
+}
+
+}  // namespace
+
+std::map<std::string, at::Tensor> tv_sign_slack(const StepCase& c64, const StepResult& cand,
+                                                const DtypeRule& rule) {
+  const Config& c = c64.config;
+  const LossConfig& L = c.loss;
+  std::map<std::string, at::Tensor> out;
+  if (L.tv_weight == 0 || rule.tol.k == 1.0 || !cand.out.student_hidden.defined()) return out;
+  const DraftLayout l =
+      make_draft_layout(c64.inputs.input_ids, c64.inputs.loss_mask, c64.inputs.anchors,
+                        c.data.block_size, c.data.mask_token_id, c.loss.gamma);
+  if (l.counted.numel() == 0) return out;
+  const FrozenWeights f = c64.target.frozen();
+  DrafterWeights w = clone(c64.drafter);
+  std::vector<at::Tensor> params;
+  std::vector<std::string> names;
+  visit(w, [&](const std::string& name, at::Tensor& t) {
+    t = t.detach().clone().requires_grad_(true);
+    params.push_back(t), names.push_back(name);
+  });
+  const at::Tensor D = reference::drafter_hidden(c, w, f, c64.inputs, l);  // (B, Q, H)
+  const int64_t B = D.size(0), Q = D.size(1), H = D.size(2);
+  const at::Tensor logits = reference::project(D, f.lm_head);  // (B, Q, V)
+  const at::Tensor log_ps = at::log_softmax(logits / L.temperature, -1);
+  const at::Tensor th = c64.inputs.target_hidden.gather(
+      1, l.teacher_index.unsqueeze(-1).expand({B, Q, H}));  // (B, Q, H)
+  const at::Tensor log_pt = at::log_softmax(reference::project(th, f.lm_head) / L.temperature, -1);
+  const at::Tensor log_ps_c = at::log_softmax(
+      reference::project(cand.out.student_hidden.detach().to(at::kCPU, at::kDouble), f.lm_head) /
+          L.temperature,
+      -1);  // (B, Q, V)
+  at::Tensor wt = l.weights;  // (B, Q) step 8's weights; D-PACE's as the reference takes them
+  if (L.weighting == Weighting::kDpace) {
+    const at::Tensor ce = at::logsumexp(logits, -1) -
+                          logits.gather(-1, l.labels.unsqueeze(-1)).squeeze(-1);  // (B, Q)
+    wt = wt * reference::dpace_weights(ce, l.counted, l.block_size, L.dpace_alpha);
+  }
+  const double den = wt.sum().item<double>();
+  if (den <= 0) return out;
+  const double band =
+      2 * 2 * rule.rounding * (1 + logits.abs().max().item<double>()) / L.temperature;
+  const at::Tensor ties = tv_sign_ties(log_ps.detach(), log_pt, log_ps_c, wt > 0, band).nonzero();
+  for (int64_t i = 0; i < ties.size(0); ++i) {
+    const int64_t b = ties[i][0].item<int64_t>(), q = ties[i][1].item<int64_t>(),
+                  v = ties[i][2].item<int64_t>();
+    const std::vector<at::Tensor> g = torch::autograd::grad(
+        {log_ps[b][q][v].exp()}, params, {}, /*retain_graph=*/true, false, /*allow_unused=*/true);
+    const double scale = L.tv_weight * wt[b][q].item<double>() / den;
+    for (size_t k = 0; k < params.size(); ++k) {
+      if (!g[k].defined()) continue;
+      at::Tensor& s = out["grad." + names[k]];
+      s = s.defined() ? s + scale * g[k].abs() : scale * g[k].abs();
+    }
+  }
+  return out;
+}
+
+std::map<std::string, at::Tensor> hidden_state_slack(const StepCase& c64, const StepResult& cand,
+                                                     const StepResult& r64) {
+  std::map<std::string, at::Tensor> out;
+  const at::Tensor D = cand.out.student_hidden;  // (B, Q, H)
+  if (!D.defined() || D.scalar_type() == at::kDouble || D.sizes() != r64.out.student_hidden.sizes())
+    return out;
+  const Config& c = c64.config;
+  const DraftLayout l =
+      make_draft_layout(c64.inputs.input_ids, c64.inputs.loss_mask, c64.inputs.anchors,
+                        c.data.block_size, c.data.mask_token_id, c.loss.gamma);
+  at::NoGradGuard no_grad;
+  const StepOutputs at_cand =
+      reference::loss_and_metrics(c, D.detach().to(at::kCPU, at::kDouble), c64.inputs.target_hidden,
+                                  c64.target.lm_head, l, c64.inputs.anchors);
+  auto add = [&](const char* name, const at::Tensor& a, const at::Tensor& b) {
+    out[name] = (a.detach().to(at::kDouble) - b.detach().to(at::kDouble)).abs();
+  };
+  add("loss", at_cand.loss, r64.out.loss);
+  add("ce", at_cand.ce, r64.out.ce);
+  add("kl", at_cand.kl, r64.out.kl);
+  add("reverse_kl", at_cand.reverse_kl, r64.out.reverse_kl);
+  add("jsd", at_cand.jsd, r64.out.jsd);
+  add("tv", at_cand.tv, r64.out.tv);
+  return out;
+}
+
+namespace {
+
 // |candidate - ref64| <= slack, elementwise, for integer counts.
 Comparison count_rule(const std::string& name, const at::Tensor& cand, const at::Tensor& ref,
                       const at::Tensor& slack) {
@@ -125,14 +222,16 @@ Comparison count_rule(const std::string& name, const at::Tensor& cand, const at:
 }  // namespace
 
 ComparisonReport compare_steps(const StepResult& o, const std::vector<StepResult>& same,
-                               const StepResult& r64, const Tolerance& tol,
-                               const at::Tensor& ties) {
+                               const StepResult& r64, const Tolerance& tol, const at::Tensor& ties,
+                               const std::map<std::string, at::Tensor>& slack) {
   ComparisonReport rep;
   auto add = [&](const std::string& name, const std::function<at::Tensor(const StepResult&)>& get,
                  const Tolerance& t) {
     std::vector<at::Tensor> s;
     for (const StepResult& r : same) s.push_back(get(r));
-    rep.rows.push_back(compare(name, get(o), s, get(r64), t));
+    auto it = slack.find(name);
+    rep.rows.push_back(
+        compare(name, get(o), s, get(r64), t, it == slack.end() ? at::Tensor() : it->second));
   };
   const Tolerance nats = loss_tolerance(tol);
   add(
@@ -180,8 +279,10 @@ ComparisonReport step_parity(const StepFn& candidate, const Config& config, uint
   for (uint64_t k = 1; k <= 2; ++k)
     same.push_back(run_case(reference::drafter_step,
                             as_dtype(perturbed(c64, rule.rounding, k), config.run.dtype)));
-  return compare_steps(run_case(candidate, as_dtype(c64, config.run.dtype)), same, r64, rule.tol,
-                       ties);
+  const StepResult cand = run_case(candidate, as_dtype(c64, config.run.dtype));
+  std::map<std::string, at::Tensor> slack = tv_sign_slack(c64, cand, rule);
+  for (auto& [name, t] : hidden_state_slack(c64, cand, r64)) slack[name] = t;
+  return compare_steps(cand, same, r64, rule.tol, ties, slack);
 }
 
 }  // namespace dflash::harness

@@ -4,6 +4,7 @@
 // trainable gradient.
 #pragma once
 
+#include <map>
 #include <string>
 
 #include "core/step.h"
@@ -51,12 +52,41 @@ Tolerance loss_tolerance(const Tolerance& t);
 // margin is below the dtype's noise): the slack of the metric comparisons.
 at::Tensor near_ties(const StepCase& c64, const StepResult& r64, double logit_noise);
 
+// Total variation's gradient holds sign(p_s - p_t) (docs/LOSSES.md): where
+// the two probabilities agree to within what the run's dtype resolves, the
+// sign is a coin toss in that dtype, and a flip moves the gradient by a
+// finite step that no rounding-level perturbation of the reference need
+// reproduce. The slack is that step, exactly, from the float64 reference:
+// for each such entry (row r, token v) of a weighted row, tv_weight * w_r /
+// sum(w) * |d p_s[r, v] / d theta| per trainable parameter, summed over the
+// entries. An entry counts when the candidate's own student hidden state
+// (held to its tolerance by the student_hidden row) puts p_s on the other
+// side of p_t, or when |log p_s - log p_t| is under twice the dtype's
+// rounding of the logits. Empty for float64, without TV, or without such
+// entries. Keys: "grad.<name>", the candidate gradient's shape.
+std::map<std::string, at::Tensor> tv_sign_slack(const StepCase& c64, const StepResult& candidate,
+                                                const DtypeRule& rule);
+
+// The loss terms' share of the candidate's student hidden state error: each
+// of loss, ce, kl, reverse_kl, jsd and tv of the float64 reference evaluated
+// at the candidate's own D (cast to float64) minus the same at the
+// reference's D, as an absolute slack (a 0-dim tensor per name). D is held
+// to its own tolerance by the student_hidden row; what its error does to a
+// loss term through the softmax (doubled at temperature 0.5, a few nats of
+// logits) is then not charged a second time to the loss computation, whose
+// own rounding the rule judges. Empty for float64.
+std::map<std::string, at::Tensor> hidden_state_slack(const StepCase& c64,
+                                                     const StepResult& candidate,
+                                                     const StepResult& ref64);
+
 // `same_precision`: the reference in the candidate's dtype, on the case and
 // on rounding-level perturbations of it; err(same) is the worst of them.
+// `slack`: tv_sign_slack's allowance per gradient (none where absent).
 ComparisonReport compare_steps(const StepResult& candidate,
                                const std::vector<StepResult>& same_precision,
                                const StepResult& ref64, const Tolerance& tol,
-                               const at::Tensor& ties);
+                               const at::Tensor& ties,
+                               const std::map<std::string, at::Tensor>& slack = {});
 
 // Runs the float64 reference, the reference in config.run.dtype and the
 // candidate in config.run.dtype on make_case(config, step), and compares with

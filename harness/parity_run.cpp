@@ -15,6 +15,7 @@
 #include "harness/error_ratios.h"
 #include "harness/memory_guard.h"
 #include "harness/on_device.h"
+#include "harness/oracle_property.h"
 #include "harness/parity.h"
 #include "harness/properties.h"
 #include "harness/zoo.h"
@@ -149,6 +150,12 @@ int reproduce(const ParityOptions& o) {
   }
   const Config c = load_config(o.reproduce);
   guard_memory(c, Workload::kReferenceStep, "dflash parity --reproduce");
+  if (text.rfind(kOracleCaseMarker, 0) == 0) {
+    fmt::print("replaying {} ({}) against the SPEC oracle\n", o.reproduce, config_size(c));
+    const std::string bad = oracle_differences(c, reference::drafter_step);
+    fmt::print("{}{}\n", bad, bad.empty() ? "parity: ok" : "parity: FAILED");
+    return bad.empty() ? 0 : 1;
+  }
   fmt::print("replaying {} ({}) against {}\n", o.reproduce, config_size(c), against);
   const ComparisonReport rep = step_parity(candidate(o), c);
   fmt::print("{}{}\n", rep.format(), rep.ok() ? "parity: ok" : "parity: FAILED");
@@ -166,6 +173,11 @@ void property_rows(const ParityOptions& o, const PropertyRun& run, std::vector<C
   rows->push_back(property_row(check_attention_parity(impls.attention, run), o));
   progress("parity.checkpoint");
   rows->push_back(property_row(check_checkpoint_parity(impls.checkpoint, run), o));
+  // The reference (code both builds share) against SPEC written as loops:
+  // fewer cases, each runs central differences of the oracle's own loss.
+  progress("parity.spec_oracle");
+  rows->push_back(property_row(
+      check_spec_oracle({std::max(1, run.cases / 4), run.seed}, reference::drafter_step), o));
 }
 
 // The table, the failure details, the JSON / JUnit reports; exit 1 on any
@@ -254,6 +266,7 @@ int run_parity(const ParityOptions& o) {
 
 int run_audit(const std::string& path, const std::string& build) {
   const Config c = load_config(path);
+  fixtures::require_fixture_sources(c, "dflash audit");
   guard_memory(c, build == "optimized" ? Workload::kStep : Workload::kReferenceStep,
                "dflash audit");
   const TargetWeights target = fixtures::make_target(c);

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "core/device.h"
 #include "core/weights.h"
 #include "harness/memory.h"
 
@@ -285,6 +286,157 @@ std::vector<Figure> spec_figures(const Config& c) {
       {"every chunk's logits kept (no recompute)", double(Q) * double(V) * double(e),
        fmt::format("Q V e = {} x {} x {}", Q, V, e)},
   };
+}
+
+}  // namespace dflash::harness
+
+// ---- One memory story: estimates by workload, in labelled parts ----------
+
+namespace dflash::harness {
+namespace {
+
+// The part of the story a plan item belongs to, by the item's name (an
+// empty label keeps the item's own name).
+std::string part_of(const std::string& name) {
+  static const std::pair<const char*, const char*> kParts[] = {
+      {"target weights", "target weights"},
+      {"target forward working set", "target forward working set"},
+      {"tapped features", "target send queue"},
+      {"drafter master weights", "drafter weights + grads + AdamW state"},
+      {"drafter gradients", "drafter weights + grads + AdamW state"},
+      {"AdamW moments", "drafter weights + grads + AdamW state"},
+      {"compute copies", "drafter weights + grads + AdamW state"},
+      {"frozen embedding", "frozen embedding + LM head"},
+      {"target features", "received features + collective buffers"},
+      {"collective buffers", "received features + collective buffers"},
+      {"loss working set", ""},
+      {"recompute of one layer", "layer recompute + attention working set"},
+      {"attention backward", "attention working set"},
+      {"CUDA caching allocator", "CUDA caching allocator"},
+  };
+  for (const auto& [prefix, label] : kParts)
+    if (name.rfind(prefix, 0) == 0) return *label ? label : name;
+  return "saved activations";
+}
+
+std::string variant_text(const PlanVariant& v) {
+  const char* loss = v.loss == LossMode::kFused                ? "fused chunked loss"
+                     : v.loss == LossMode::kChunkedNoRecompute ? "chunked loss without recompute"
+                                                               : "full fp32 logits";
+  return fmt::format("{}, {} attention, {}", loss, v.dense_attention ? "dense" : "sparse",
+                     v.checkpoint ? "checkpointed" : "not checkpointed");
+}
+
+PlanVariant workload_variant(const Config& c, Workload w) {
+  PlanVariant v = configured_variant(c);
+  if (w == Workload::kReferenceStep)
+    v.name = "reference", v.loss = LossMode::kUnchunked, v.dense_attention = true,
+    v.checkpoint = false;
+  return v;
+}
+
+}  // namespace
+
+std::string workload_label(const Config& c, Workload w) {
+  const std::string v = variant_text(workload_variant(c, w));
+  switch (w) {
+    case Workload::kPlannedRun:
+      return fmt::format("the training run (optimized step: {}; AdamW state; tiled target attention)",
+                         v);
+    case Workload::kTrain:
+      return fmt::format("dflash train (optimized step: {}; AdamW state; dense target attention)",
+                         v);
+    case Workload::kStep:
+      return fmt::format("one optimized step ({}; AdamW state; dense target attention)", v);
+    case Workload::kReferenceStep:
+      return fmt::format("one reference step ({}; AdamW state; dense target attention)", v);
+    case Workload::kFeatures:
+      return "the target forward alone (dense target attention)";
+  }
+  return "";
+}
+
+Where configured_where(const Config& c) {
+  const bool cpu = c.topology.device == "cpu";
+  return {cpu ? "cpu" : "cuda", cpu ? "cpu" : c.topology.device};
+}
+
+Where where_it_runs(const Config& c) {
+  if (c.topology.device == "cpu") return {"cpu", "cpu"};
+  const std::string why = cuda_unavailable();
+  if (why.empty()) return configured_where(c);
+  return {"cpu", fmt::format("cpu (topology.device = \"{}\", but {})", c.topology.device, why)};
+}
+
+std::string Estimate::line() const {
+  std::string s = fmt::format("{}, {} on {}: {:.2f} GB at {} =", workload, who, where, bytes / 1e9,
+                              moment);
+  for (size_t i = 0; i < parts.size(); ++i)
+    s += fmt::format("{} {:.2f} GB {}", i ? " +" : "", parts[i].bytes / 1e9, parts[i].label);
+  return s;
+}
+
+Estimate estimate_of(const RankPlan& r, int64_t layers, const std::string& workload,
+                     const std::string& who, const std::string& where) {
+  using K = PlanItem::Kind;
+  double persistent = 0, grads = 0, saved = 0, layer_saved = 0;
+  const PlanItem *fwd = nullptr, *bwd = nullptr;
+  for (const PlanItem& i : r.items) {
+    if (i.kind == K::kPersistent) persistent += i.bytes;
+    if (i.kind == K::kGradients) grads += i.bytes;
+    if (i.kind == K::kSaved) saved += i.bytes;
+    if (i.kind == K::kLayerSaved) layer_saved += i.bytes;
+    if (i.kind == K::kForwardTransient && (!fwd || i.bytes > fwd->bytes)) fwd = &i;
+    if (i.kind == K::kBackwardTransient && (!bwd || i.bytes > bwd->bytes)) bwd = &i;
+  }
+  const double per_layer = 1.0 / double(std::max<int64_t>(layers, 1));
+  const double forward_end = persistent + saved + layer_saved + (fwd ? fwd->bytes : 0);
+  const double backward =
+      persistent + grads + saved + layer_saved * per_layer + (bwd ? bwd->bytes : 0);
+  const bool in_backward = backward >= forward_end;
+  Estimate e{workload, who, where, in_backward ? "backward" : "forward end", 0, {}};
+  for (const PlanItem& i : r.items) {
+    double counted = i.bytes;
+    if (i.kind == K::kGradients && !in_backward) counted = 0;
+    if (i.kind == K::kLayerSaved && in_backward) counted *= per_layer;
+    if (i.kind == K::kForwardTransient && (in_backward || &i != fwd)) counted = 0;
+    if (i.kind == K::kBackwardTransient && (!in_backward || &i != bwd)) counted = 0;
+    if (counted <= 0) continue;
+    const std::string label = part_of(i.name);
+    auto it = std::find_if(e.parts.begin(), e.parts.end(),
+                           [&](const EstimatePart& p) { return p.label == label; });
+    if (it == e.parts.end()) it = e.parts.insert(e.parts.end(), {label, 0});
+    it->bytes += counted;
+    e.bytes += counted;
+  }
+  return e;
+}
+
+std::vector<Estimate> estimate_memory(const Config& c, Workload w, const Where& where) {
+  Config local = c;
+  if (where.device == "cpu") local.topology.device = "cpu", local.topology.device_memory_gb = {};
+  const std::string label = workload_label(c, w);
+  if (w == Workload::kFeatures) {
+    RankPlan r;
+    r.items = target_items(local, /*dense_attention=*/true);
+    return {estimate_of(r, 1, label, "one process (target)", where.label)};
+  }
+  const bool run = w == Workload::kPlannedRun || w == Workload::kTrain;
+  if (!run) {
+    TopologyConfig one;
+    one.device = local.topology.device;
+    one.memory_reserve_gb = c.topology.memory_reserve_gb;
+    local.topology = one;
+  }
+  const Plan p = plan_memory(local, workload_variant(local, w),
+                             /*dense_target_attention=*/w != Workload::kPlannedRun);
+  std::vector<Estimate> out;
+  for (const RankPlan& r : p.ranks) {
+    const std::string who = run ? fmt::format("rank {} ({})", r.rank, r.role)
+                                : fmt::format("one process ({})", r.role);
+    out.push_back(estimate_of(r, c.drafter.num_hidden_layers, label, who, where.label));
+  }
+  return out;
 }
 
 }  // namespace dflash::harness

@@ -92,4 +92,47 @@ std::vector<Figure> spec_figures(const Config& c);
 // Physical memory of this machine (bytes).
 double machine_memory_bytes();
 
+// One memory story (issue 36): `dflash plan`, preflight and the memory guard
+// all print their figures from estimate_memory, each labelled with the
+// workload it counts and the device it is counted for.
+enum class Workload {
+  kPlannedRun,     // every rank of the run, a production (tiled-attention) target (plan)
+  kTrain,          // every rank of `dflash train`: dflash's own dense target forward
+  kStep,           // one target forward + one optimized drafter step, one process
+  kReferenceStep,  // the same through the reference build (full logits, dense attention)
+  kFeatures,       // the target forward alone (dflash features)
+};
+std::string workload_label(const Config& c, Workload w);
+
+// The device a workload is counted for: "cpu" or "cuda", and its label.
+struct Where {
+  std::string device = "cpu";
+  std::string label = "cpu";
+};
+// As configured (topology.device), not probed: the machine the config plans for.
+Where configured_where(const Config& c);
+// Where this process would run it: cpu when topology.device is cpu or when
+// no CUDA device is usable here (the label then says so).
+Where where_it_runs(const Config& c);
+
+struct EstimatePart {
+  std::string label;  // "target weights", "activations", ...
+  double bytes = 0;
+};
+struct Estimate {
+  std::string workload;  // workload_label
+  std::string who;       // "rank 0 (target+drafter)" or "one process (target+drafter)"
+  std::string where;     // Where::label
+  std::string moment;    // the moment of the peak: "backward" or "forward end"
+  double bytes = 0;      // the peak; the parts sum to it
+  std::vector<EstimatePart> parts;
+  // "<workload>, <who> on <where>: 41.91 GB at backward = 16.38 GB target weights + ..."
+  std::string line() const;
+};
+// One estimate per rank for the run workloads, one for the others.
+std::vector<Estimate> estimate_memory(const Config& c, Workload w, const Where& where);
+// The rank plan an estimate is made from, broken into labelled parts.
+Estimate estimate_of(const RankPlan& r, int64_t layers, const std::string& workload,
+                     const std::string& who, const std::string& where);
+
 }  // namespace dflash::harness

@@ -390,14 +390,14 @@ OracleResult oracle_step(const Config& c, const OracleInputs& in, const OraclePa
 }
 
 double oracle_gradient(const Config& c, const OracleInputs& in, OracleParams p,
-                       const std::string& name, size_t index) {
+                       const std::string& name, size_t index, double rel_step) {
   const Dims d = dims(c, in);
   auto it = p.find(name);
   if (it == p.end() || index >= it->second.size())
     throw std::runtime_error(fmt::format("spec oracle: no entry {} of {}", index, name));
   const Vec w = forward(c, in, p, d).weights;  // D-PACE's, held fixed
   double& x = it->second[index];
-  const double v = x, h = 1e-5 * std::max(1.0, std::abs(v));
+  const double v = x, h = rel_step * std::max(1.0, std::abs(v));
   x = v + h;
   const double up = forward(c, in, p, d, &w).loss;
   x = v - h;

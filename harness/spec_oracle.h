@@ -51,8 +51,10 @@ struct OracleResult {
 OracleResult oracle_step(const Config& c, const OracleInputs& in, const OracleParams& p);
 
 // d loss / d p[name][index] by a central difference of the oracle's loss
-// (step 1e-5 relative to the entry's scale; error ~1e-10 relative).
+// (step rel_step relative to the entry's scale; error ~1e-10 relative at
+// 1e-5). TV's |p_s - p_t| has a kink: a step that crosses it averages the
+// two sides, and a smaller step tells (harness/oracle_property.cpp).
 double oracle_gradient(const Config& c, const OracleInputs& in, OracleParams p,
-                       const std::string& name, size_t index);
+                       const std::string& name, size_t index, double rel_step = 1e-5);
 
 }  // namespace dflash::harness

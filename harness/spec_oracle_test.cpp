@@ -2,149 +2,39 @@
 // shares no code with it: generated tiny float64 configs (the step
 // property's generator: ragged masks, rows without candidates, GQA, taps,
 // decay, KL), every output of the step, the anchors' contract, and each
-// trainable parameter's gradient at its largest entry and two drawn ones.
+// trainable parameter's gradient at its largest entry and two drawn ones
+// (harness/oracle_property.h, also `dflash parity`'s parity.spec_oracle).
 // A mistake in code both builds share (layout, norms, RoPE, attention, MLP,
 // fc, loss, metrics) fails here although parity passes.
-#include "harness/spec_oracle.h"
+#include "harness/oracle_property.h"
 
-#include <ATen/ATen.h>
 #include <gtest/gtest.h>
-#include <rapidcheck.h>
-
-#include <cmath>
 
 #include "fixtures/fixtures.h"
-#include "harness/generators.h"
-#include "harness/properties.h"
 #include "reference/step.h"
 
 namespace dflash::harness {
 namespace {
 
-template <typename T>
-std::vector<T> flat(const at::Tensor& t, at::ScalarType dt) {
-  const at::Tensor c = t.detach().to(dt).contiguous();
-  return std::vector<T>(c.data_ptr<T>(), c.data_ptr<T>() + c.numel());
-}
-
-std::vector<uint8_t> flat_bool(const at::Tensor& t) {
-  std::vector<uint8_t> out;
-  for (int64_t x : flat<int64_t>(t, at::kLong)) out.push_back(uint8_t(x != 0));
-  return out;
-}
-
-OracleInputs oracle_inputs(const StepInputs& in) {
-  OracleInputs o;
-  o.B = in.input_ids.size(0);
-  o.S = in.input_ids.size(1);
-  o.N = in.anchors.num_anchors();
-  o.input_ids = flat<int64_t>(in.input_ids, at::kLong);
-  o.loss_mask = flat_bool(in.loss_mask);
-  o.features = flat<double>(in.features, at::kDouble);
-  o.target_hidden = flat<double>(in.target_hidden, at::kDouble);
-  o.anchors = flat<int64_t>(in.anchors.anchors, at::kLong);
-  o.keep = flat_bool(in.anchors.keep);
-  return o;
-}
-
-OracleParams oracle_params(const DrafterWeights& w, const FrozenWeights& f) {
-  OracleParams p;
-  for (const auto& [name, t] : named(w)) p[name] = flat<double>(t, at::kDouble);
-  for (const auto& [name, t] : named(f)) p[name] = flat<double>(t, at::kDouble);
-  return p;
-}
-
-// "" when |a - b| <= tol * max(1, |b|), else a line naming `what`.
-std::string close(const std::string& what, double a, double b, double tol) {
-  if (std::abs(a - b) <= tol * std::max(1.0, std::abs(b))) return "";
-  return fmt::format("{}: reference {:.12g}, oracle {:.12g}\n", what, a, b);
-}
-
-// The outputs of one step against the oracle.
-std::string compare_outputs(const StepOutputs& ref, const OracleResult& o) {
-  // Both compute in float64 with different summation orders: 1e-9.
-  std::string bad = close("loss", ref.loss.item<double>(), o.loss, 1e-9) +
-                    close("ce", ref.ce.item<double>(), o.ce, 1e-9) +
-                    close("kl", ref.kl.item<double>(), o.kl, 1e-9) +
-                    close("reverse_kl", ref.reverse_kl.item<double>(), o.reverse_kl, 1e-9) +
-                    close("jsd", ref.jsd.item<double>(), o.jsd, 1e-9) +
-                    close("tv", ref.tv.item<double>(), o.tv, 1e-9) +
-                    close("weight_sum", ref.weight_sum.item<double>(), o.weight_sum, 1e-12) +
-                    close("tau", ref.tau(), o.tau, 0);
-  if (flat<int64_t>(ref.correct, at::kLong) != o.correct) bad += "per-slot correct differs\n";
-  if (flat<int64_t>(ref.counted, at::kLong) != o.counted) bad += "per-slot counted differs\n";
-  const std::vector<double> D = flat<double>(ref.student_hidden, at::kDouble);
-  for (size_t i = 0; i < D.size(); ++i) {
-    const std::string e =
-        close(fmt::format("student_hidden[{}]", i), D[i], o.student_hidden[i], 1e-9);
-    if (!e.empty()) return bad + e;
-  }
-  if (!o.anchor_violation.empty()) bad += "anchors: " + o.anchor_violation + "\n";
-  return bad;
-}
-
-// Each gradient at its largest entry and two drawn ones, against central
-// differences of the oracle (error ~1e-10 of the scale; tolerance 1e-6).
-std::string compare_gradients(const Config& c, const StepResult& r, const OracleInputs& in,
-                              const OracleParams& p) {
-  std::string bad;
-  for (const auto& [name, g] : r.grads) {
-    if (!g.defined()) {
-      bad += name + ": the reference gives no gradient\n";
-      continue;
-    }
-    const std::vector<double> ref = flat<double>(g, at::kDouble);
-    double scale = 1e-3;
-    size_t top = 0;
-    for (size_t i = 0; i < ref.size(); ++i)
-      if (std::abs(ref[i]) > std::abs(ref[top])) top = i;
-    scale = std::max(scale, std::abs(ref[top]));
-    for (size_t i : {top, size_t(*rc::gen::inRange<size_t>(0, ref.size())),
-                     size_t(*rc::gen::inRange<size_t>(0, ref.size()))}) {
-      const double o = oracle_gradient(c, in, p, name, i);
-      if (std::abs(ref[i] - o) > 1e-6 * scale)
-        bad += fmt::format("grad {}[{}]: reference {:.10g}, oracle {:.10g} (scale {:.3g})\n", name,
-                           i, ref[i], o, scale);
-    }
-  }
-  return bad;
-}
-
 TEST(SpecOracle, ReferenceMatchesTheOracleOnGeneratedTinyConfigs) {
-  const PropertyOutcome out = run_property_public(
-      "spec_oracle", run_from_env(100, 11), [](std::string* size, std::string* replay) {
-        Config c = *gen_step_config();
-        c.run.dtype = DType::kFloat64;
-        *size = config_size(c);
-        *replay = config_to_toml(c);
-        const TargetWeights target = fixtures::make_target(c);
-        const DrafterWeights w = fixtures::make_drafter(c);
-        const StepInputs in = fixtures::make_step_inputs(c, target, 0);
-        const StepResult r = run_step(reference::drafter_step, c, w, target.frozen(), in);
-        const OracleInputs oi = oracle_inputs(in);
-        const OracleParams op = oracle_params(w, target.frozen());
-        const std::string bad =
-            compare_outputs(r.out, oracle_step(c, oi, op)) + compare_gradients(c, r, oi, op);
-        return bad.empty() ? bad : bad + "config:\n" + *replay;
-      });
+  const PropertyOutcome out = check_spec_oracle(run_from_env(100, 11), reference::drafter_step);
   EXPECT_TRUE(out.passed) << out.name << " FAILED after " << out.cases_passed << " cases, "
                           << out.size << "\n"
                           << out.report;
 }
 
-// The oracle is not vacuous: a changed input it must see changes its answer.
+// The oracle is not vacuous: a step whose labels are shifted by one (the
+// SPEC failure mode "labels shifted by one") disagrees with it.
 TEST(SpecOracle, SeesAShiftedLabel) {
-  Config c = fixtures::micro_config();
-  const TargetWeights target = fixtures::make_target(c);
-  const DrafterWeights w = fixtures::make_drafter(c);
-  const StepInputs in = fixtures::make_step_inputs(c, target, 0);
-  const OracleParams p = oracle_params(w, target.frozen());
-  OracleInputs oi = oracle_inputs(in);
-  const StepResult r = run_step(reference::drafter_step, c, w, target.frozen(), in);
-  EXPECT_EQ(compare_outputs(r.out, oracle_step(c, oi, p)), "");
-  // input_ids shifted by one position: the labels move, the loss changes.
-  std::rotate(oi.input_ids.begin(), oi.input_ids.begin() + 1, oi.input_ids.end());
-  EXPECT_NE(compare_outputs(r.out, oracle_step(c, oi, p)), "");
+  const Config c = fixtures::micro_config();
+  EXPECT_EQ(oracle_differences(c, reference::drafter_step), "");
+  const StepFn shifted = [](const Config& c, const DrafterWeights& w, const FrozenWeights& f,
+                            const StepInputs& in) {
+    StepInputs s = in;
+    s.input_ids = at::roll(in.input_ids, 1, 1);
+    return reference::drafter_step(c, w, f, s);
+  };
+  EXPECT_NE(oracle_differences(c, shifted), "");
 }
 
 }  // namespace

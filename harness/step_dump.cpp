@@ -4,10 +4,13 @@
 #include <fmt/ranges.h>
 
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "core/safetensors.h"
 
 namespace dflash::harness {
+
+const char* const kDflashProducer = "dflash dump (reference build)";
 
 NamedTensors output_tensors(const StepOutputs& o) {
   return {{"output.loss", o.loss.detach()},
@@ -32,7 +35,9 @@ void write_step_dump(const std::string& path, const Config& c, const DrafterWeig
   for (auto& p : output_tensors(r.out)) t.push_back(p);
   for (auto& [name, g] : r.grads)
     if (g.defined()) t.emplace_back("grad." + name, g);
-  safetensors::write(path, t, {{"config", config_to_json(c).dump()}, {"format", "dflash-step-v1"}});
+  safetensors::write(path, t, {{"config", config_to_json(c).dump()},
+                                {"format", "dflash-step-v1"},
+                                {"producer", kDflashProducer}});
 }
 
 namespace {
@@ -98,8 +103,17 @@ StepDump read_step_dump(const std::string& path) {
   visit(d.drafter, [](const std::string&, at::Tensor& t) { t.requires_grad_(true); });
   d.frozen = bind_frozen(d.config, by_name, scalar_type(d.config.run.dtype), path);
   d.inputs = read_inputs(f, d.config);
-  for (const auto& [name, t] : f.tensors)
-    if (name.rfind("output.", 0) == 0 || name.rfind("grad.", 0) == 0) d.recorded[name] = t;
+  d.path = path;
+  d.producer = f.metadata.count("producer") ? f.metadata.at("producer") : "";
+  std::set<std::string> weights;
+  for (const auto& [name, t] : named(d.drafter)) weights.insert(name);
+  for (const auto& [name, t] : named(d.frozen)) weights.insert(name);
+  for (const auto& [name, t] : f.tensors) {
+    if (name.rfind("output.", 0) == 0 || name.rfind("grad.", 0) == 0)
+      d.recorded[name] = t;
+    else if (name.rfind("input.", 0) != 0 && !weights.count(name))
+      d.unknown.push_back(name);
+  }
   return d;
 }
 

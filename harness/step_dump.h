@@ -11,6 +11,7 @@
 
 #include <map>
 #include <string>
+#include <vector>
 
 #include "core/step.h"
 
@@ -22,6 +23,9 @@ struct StepDump {
   FrozenWeights frozen;
   StepInputs inputs;
   std::map<std::string, at::Tensor> recorded;  // output.* and grad.* found in the file
+  std::vector<std::string> unknown;  // names that are none of input.*, a weight, output.*, grad.*
+  std::string producer;              // __metadata__.producer ("dflash dump ..." for dflash's own)
+  std::string path;
 };
 
 void write_step_dump(const std::string& path, const Config& c, const DrafterWeights& w,
@@ -33,5 +37,9 @@ StepDump read_step_dump(const std::string& path);
 
 // output.* tensors of a step, as written to a dump.
 NamedTensors output_tensors(const StepOutputs& o);
+
+// The metadata value `producer` of dflash's own dumps; a dump whose producer
+// starts with it is compared bit for bit by default.
+extern const char* const kDflashProducer;
 
 }  // namespace dflash::harness

@@ -36,6 +36,12 @@ Comparison compare(const std::string& name, const at::Tensor& candidate,
 Comparison compare(const std::string& name, const at::Tensor& candidate,
                    const std::vector<at::Tensor>& same_precision, const at::Tensor& ref64,
                    const Tolerance& tol) {
+  return compare(name, candidate, same_precision, ref64, tol, at::Tensor());
+}
+
+Comparison compare(const std::string& name, const at::Tensor& candidate,
+                   const std::vector<at::Tensor>& same_precision, const at::Tensor& ref64,
+                   const Tolerance& tol, const at::Tensor& slack) {
   Comparison c;
   c.name = name;
   bool same_defined = true;
@@ -53,7 +59,13 @@ Comparison compare(const std::string& name, const at::Tensor& candidate,
     return c;
   }
   const at::Tensor r = ref64.detach().to(at::kDouble).reshape(-1);
-  const at::Tensor d = (candidate.detach().to(at::kDouble).reshape(-1) - r).abs();
+  at::Tensor d = (candidate.detach().to(at::kDouble).reshape(-1) - r).abs();
+  at::Tensor sl;
+  if (slack.defined() && slack.numel() == d.numel()) {
+    sl = slack.detach().to(at::kDouble).reshape(-1);
+    d = (d - sl).clamp_min(0);
+    c.max_slack = sl.numel() ? sl.max().item<double>() : 0.0;
+  }
   const double scale = r.numel() ? r.abs().max().item<double>() : 0.0;
   if (d.numel() == 0) {
     c.ok = true;
@@ -69,6 +81,7 @@ Comparison compare(const std::string& name, const at::Tensor& candidate,
   c.rel_err = scale > 0 ? c.err / scale : c.err;
   c.worst_candidate = candidate.detach().to(at::kDouble).reshape(-1)[c.worst_index].item<double>();
   c.worst_reference = r[c.worst_index].item<double>();
+  if (sl.defined()) c.slack = sl[c.worst_index].item<double>();
   if (g_recorder) g_recorder->samples.push_back({name, tol, c.err, c.err_same, scale});
   if (forced_failure()) c.bound = -1;  // the test hook above
   c.ok = std::isfinite(c.err) && c.err <= c.bound;
@@ -97,11 +110,15 @@ std::string coordinates(int64_t flat, const std::vector<int64_t>& shape) {
 
 std::string Comparison::describe() const {
   if (!message.empty()) return fmt::format("{:<44} {} {}", name, ok ? "ok  " : "FAIL", message);
+  const std::string slack_note =
+      max_slack > 0 ? fmt::format(" (beyond a slack of up to {:.3e}; {:.3e} there)", max_slack,
+                                  slack)
+                    : "";
   return fmt::format(
       "{:<44} {} max_abs {:.3e} <= {:.3e}? (same-precision {:.3e}, error ratio {:.3g}) rel "
-      "{:.2e} worst {} {:.9g} vs {:.9g}",
+      "{:.2e} worst {} {:.9g} vs {:.9g}{}",
       name, ok ? "ok  " : "FAIL", err, bound, err_same, error_ratio(), rel_err,
-      coordinates(worst_index, shape), worst_candidate, worst_reference);
+      coordinates(worst_index, shape), worst_candidate, worst_reference, slack_note);
 }
 
 bool ComparisonReport::ok() const {

@@ -28,6 +28,8 @@ struct Comparison {
   int64_t worst_index = -1;    // flat index into the tensor
   std::vector<int64_t> shape;  // to name the worst element by its coordinates
   double worst_candidate = 0, worst_reference = 0;
+  double slack = 0;     // the elementwise slack taken off at the worst index
+  double max_slack = 0; // the largest slack of the tensor (0: none applied)
   std::string message;  // filled when the comparison could not be made
   // err / err_same: how many times the same-precision reference's own error
   // the candidate's is (the quantity the tolerance k bounds; inf when the
@@ -44,6 +46,13 @@ Comparison compare(const std::string& name, const at::Tensor& candidate,
 Comparison compare(const std::string& name, const at::Tensor& candidate,
                    const std::vector<at::Tensor>& same_precision, const at::Tensor& ref64,
                    const Tolerance& tol);
+// With `slack` (the candidate's shape, >= 0, or undefined for none): an
+// elementwise allowance for a known discontinuity, computed exactly from the
+// float64 reference (harness/parity.h: tv_sign_slack, hidden_state_slack); each element's
+// |candidate - ref64| is reduced by its slack before the rule above applies.
+Comparison compare(const std::string& name, const at::Tensor& candidate,
+                   const std::vector<at::Tensor>& same_precision, const at::Tensor& ref64,
+                   const Tolerance& tol, const at::Tensor& slack);
 
 // All comparisons of a case, and a table of them; `context` (e.g. the config
 // as TOML) is printed under a failure.

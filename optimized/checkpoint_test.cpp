@@ -144,12 +144,27 @@ TEST(Checkpoint, ThrowsInBackwardOnUnusedNamedParameter) {
 }
 
 TEST(Checkpoint, NoGradRunsPlainForward) {
+  // Under no-grad (evaluation) the region is the plain forward: the same
+  // values, the same random draws (dropout-like noise), the generator left
+  // where the plain forward leaves it, and no history.
   const Region r = make_region();
   at::NoGradGuard no_grad;
   const at::Tensor x = at::randn({5, 6}, at::kDouble);  // would breach the contract with grad on
-  const at::Tensor out =
-      checkpoint({"eval", {{"hidden", x}}, {}, {{"w1", r.w1}, {"w2", r.w2}}}, body(r));
+  const at::Tensor ctx = at::randn({5, 6}, at::kDouble);
+  at::manual_seed(5);
+  const at::Tensor plain = r.fwd(x, ctx, true);
+  const at::Tensor plain_next = at::rand({3}, at::kDouble);
+  at::manual_seed(5);
+  const at::Tensor out = checkpoint(
+      {"eval", {{"hidden", x}, {"ctx", ctx}}, {}, {{"w1", r.w1}, {"w2", r.w2}}},
+      [&r](const std::vector<at::Tensor>& g, const std::vector<at::Tensor>&) {
+        return r.fwd(g[0], g[1], true);
+      });
+  const at::Tensor next = at::rand({3}, at::kDouble);
   EXPECT_FALSE(out.requires_grad());
+  EXPECT_FALSE(out.grad_fn());
+  EXPECT_TRUE(at::equal(out, plain)) << (out - plain).abs().max().item<double>();
+  EXPECT_TRUE(at::equal(next, plain_next)) << "the generator is not where the plain forward left it";
 }
 
 }  // namespace

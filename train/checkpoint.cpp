@@ -2,9 +2,11 @@
 #include "train/checkpoint.h"
 
 #include <fmt/format.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -30,6 +32,18 @@ void maybe_crash(int64_t step) {
     std::fflush(stderr);
     std::_Exit(9);
   }
+}
+
+// Test hook: DFLASH_TEST_FULL_DISK_IN_CHECKPOINT=<step> makes the disk
+// "full" for the rest of that checkpoint's write: files may grow to 1 KiB
+// (RLIMIT_FSIZE, SIGXFSZ ignored), so the optimizer state's write fails
+// like a full disk's, through the real error path.
+void maybe_fill_disk(int64_t step) {
+  const char* s = std::getenv("DFLASH_TEST_FULL_DISK_IN_CHECKPOINT");
+  if (!s || std::atoll(s) != step) return;
+  std::signal(SIGXFSZ, SIG_IGN);
+  const rlimit lim{1024, 1024};
+  setrlimit(RLIMIT_FSIZE, &lim);
 }
 
 std::vector<std::pair<int64_t, fs::path>> complete_checkpoints(const fs::path& root) {
@@ -86,6 +100,15 @@ bool cadence_key(const std::string& k) {
   return kFree.count(k) > 0;
 }
 
+// Keys of the learning-rate schedule, which a resumed run may change: the
+// rate at step t is a function of t and these alone (AdamW::lr_at), so the
+// run continues from its recorded step on the new schedule.
+bool schedule_key(const std::string& k) {
+  static const std::set<std::string> kSchedule = {"train.steps", "train.lr", "train.warmup_steps",
+                                                  "train.min_lr_ratio"};
+  return kSchedule.count(k) > 0;
+}
+
 }  // namespace
 
 nlohmann::json drafter_config_json(const Config& c) {
@@ -100,18 +123,16 @@ nlohmann::json drafter_config_json(const Config& c) {
   return j;
 }
 
-std::string save_checkpoint(const std::string& run_dir, const Config& c, const DrafterWeights& w,
+namespace {
+
+// Every file of checkpoint `s` into `tmp` (fsynced by the writers).
+void write_checkpoint_files(const fs::path& tmp, const Config& c, const DrafterWeights& w,
                             const AdamW& opt, const TrainerState& s) {
-  const fs::path root = fs::path(run_dir) / "checkpoints";
-  const fs::path final_dir = root / step_name(s.step);
-  if (fs::exists(final_dir / "trainer_state.json")) return final_dir.string();  // resumed, no step
-  const fs::path tmp = root / fmt::format(".tmp-{}-{}", step_name(s.step), ::getpid());
-  fs::remove_all(tmp);
-  fs::create_directories(tmp);
   safetensors::NamedTensors params;
   for (auto& [n, p] : named(w)) params.emplace_back(n, p.detach().contiguous());
   safetensors::write((tmp / "model.safetensors").string(), params, {{"format", "pt"}});
   maybe_crash(s.step);
+  maybe_fill_disk(s.step);
   safetensors::write((tmp / "optimizer.safetensors").string(), opt.state(),
                      {{"format", "dflash-adamw-v1"}});
   safetensors::write_file_atomic((tmp / "config.json").string(),
@@ -127,10 +148,33 @@ std::string save_checkpoint(const std::string& run_dir, const Config& c, const D
          "derive_seed(run.seed, stream, index): anchors and data order are "
          "functions of the micro-batch index, no generator state"},
         {"seed", c.run.seed}}},
+      {"cwd", fs::current_path().string()},  // what the config's relative paths are relative to
       {"config", config_to_json(c)}};
   safetensors::write_file_atomic((tmp / "trainer_state.json").string(), state.dump(2) + "\n");
-  fs::remove_all(final_dir);  // an incomplete leftover (no trainer_state.json)
-  fs::rename(tmp, final_dir);
+}
+
+}  // namespace
+
+std::string save_checkpoint(const std::string& run_dir, const Config& c, const DrafterWeights& w,
+                            const AdamW& opt, const TrainerState& s) {
+  const fs::path root = fs::path(run_dir) / "checkpoints";
+  const fs::path final_dir = root / step_name(s.step);
+  if (fs::exists(final_dir / "trainer_state.json")) return final_dir.string();  // resumed, no step
+  const fs::path tmp = root / fmt::format(".tmp-{}-{}", step_name(s.step), ::getpid());
+  try {
+    fs::remove_all(tmp);
+    fs::create_directories(tmp);
+    write_checkpoint_files(tmp, c, w, opt, s);
+    fs::remove_all(final_dir);  // an incomplete leftover (no trainer_state.json)
+    fs::rename(tmp, final_dir);
+  } catch (const std::exception& e) {
+    std::error_code ec;  // the partial write goes; the previous checkpoints stay as they were
+    fs::remove_all(tmp, ec);
+    throw CheckpointError(
+        fmt::format("{}: writing checkpoint {} failed: {}; removed the partial write {}{}",
+                    final_dir.string(), step_name(s.step), e.what(), tmp.string(),
+                    ec ? fmt::format(" (could not remove it: {})", ec.message()) : std::string()));
+  }
   safetensors::fsync_path(root.string());
   safetensors::write_file_atomic((root / "latest").string(), step_name(s.step) + "\n");
   prune(root, c.train.keep_checkpoints);
@@ -141,6 +185,37 @@ std::optional<std::string> latest_checkpoint(const std::string& run_dir) {
   const auto all = complete_checkpoints(fs::path(run_dir) / "checkpoints");
   if (all.empty()) return std::nullopt;
   return all.back().second.string();
+}
+
+ResumePoint newest_intact_checkpoint(const std::string& run_dir) {
+  const auto all = complete_checkpoints(fs::path(run_dir) / "checkpoints");
+  ResumePoint rp;
+  for (auto it = all.rbegin(); it != all.rend() && !rp.ck; ++it) {
+    try {
+      rp.ck = read_checkpoint(it->second.string());
+    } catch (const std::exception& e) {  // unreadable JSON, truncated or garbled tensors
+      rp.damaged_dirs.push_back(it->second.string());
+      rp.damaged_reasons.push_back(e.what());
+    }
+  }
+  if (!rp.ck && !rp.damaged_dirs.empty()) {
+    std::string each;
+    for (size_t i = 0; i < rp.damaged_dirs.size(); ++i)
+      each += fmt::format("\n  {}: {}", rp.damaged_dirs[i], rp.damaged_reasons[i]);
+    throw CheckpointError(fmt::format(
+        "{}/checkpoints: no intact checkpoint to resume from; every one is damaged:{}\nnot "
+        "resuming (move them aside to start over, or use another --out-dir)",
+        run_dir, each));
+  }
+  return rp;
+}
+
+std::string set_aside_damaged(const std::string& dir) {
+  const fs::path from(dir);
+  const fs::path to =
+      from.parent_path() / fmt::format("damaged-{}-{}", from.filename().string(), ::getpid());
+  fs::rename(from, to);
+  return to.string();
 }
 
 void parse_trainer_state(const std::string& text, const std::string& label, Checkpoint& ck) {
@@ -173,6 +248,11 @@ void parse_trainer_state(const std::string& text, const std::string& label, Chec
   ck.config = st["config"];
   ck.config["__optimizer_steps"] = st["optimizer_steps"];
   ck.threads = int(st.value("threads", int64_t(0)));
+  // cwd: where the run started, for its config's relative paths (absent before).
+  if (st.contains("cwd") && !st["cwd"].is_string())
+    throw CheckpointError(
+        fmt::format("{}: cwd: expected a string, found {}", label, st["cwd"].dump()));
+  ck.cwd = st.value("cwd", std::string());
 }
 
 Checkpoint read_checkpoint(const std::string& dir) {
@@ -193,12 +273,17 @@ Checkpoint read_checkpoint(const std::string& dir) {
   return ck;
 }
 
-void check_same_run(const Checkpoint& ck, const Config& c) {
+std::vector<std::string> check_same_run(const Checkpoint& ck, const Config& c) {
   if (ck.state.cursor != ck.state.step * c.train.micro_batches)
     throw CheckpointError(fmt::format(
         "{}/trainer_state.json: cursor {} is not step {} x train.micro_batches {}: written with "
         "another number of micro-batches per step; not resuming",
         ck.dir, ck.state.cursor, ck.state.step, c.train.micro_batches));
+  if (c.train.steps < ck.state.step)
+    throw CheckpointError(fmt::format(
+        "{}: train.steps {} in {} is below the checkpoint's step {}; not resuming (a run "
+        "continues from its recorded step)",
+        ck.dir, c.train.steps, c.path, ck.state.step));
   std::map<std::string, nlohmann::json> there, here;
   nlohmann::json saved = ck.config;
   saved.erase("__optimizer_steps");
@@ -207,17 +292,23 @@ void check_same_run(const Checkpoint& ck, const Config& c) {
   std::set<std::string> keys;
   for (const auto& [k, v] : there) keys.insert(k);
   for (const auto& [k, v] : here) keys.insert(k);
+  std::vector<std::string> changed;
   for (const std::string& k : keys) {
     if (cadence_key(k)) continue;
     const auto a = there.find(k), b = here.find(k);
     const std::string va = a == there.end() ? "unset" : a->second.dump();
     const std::string vb = b == here.end() ? "unset" : b->second.dump();
-    if (va != vb)
-      throw CheckpointError(fmt::format(
-          "{}: written by a different config: {} is {} there but {} in {}; not resuming "
-          "(use another --out-dir for a new run)",
-          ck.dir, k, va, vb, c.path));
+    if (va == vb) continue;
+    if (schedule_key(k)) {
+      changed.push_back(fmt::format("{}: {} -> {}", k, va, vb));
+      continue;
+    }
+    throw CheckpointError(
+        fmt::format("{}: written by a different config: {} is {} there but {} in {}; not resuming "
+                    "(use another --out-dir for a new run)",
+                    ck.dir, k, va, vb, c.path));
   }
+  return changed;
 }
 
 void restore(const Checkpoint& ck, const Config& c, DrafterWeights& w, AdamW& opt) {

@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -382,6 +383,46 @@ void Cluster::broadcast_drafters(std::vector<at::Tensor>& t_io, const std::strin
     fail(what + " (broadcast from the first drafter rank)", e);
   }
   copy_back(t_io, t);
+}
+
+void Cluster::announce_stop(int sig) {
+  try {
+    store_->set("split/stop", bytes_of(std::to_string(sig)));
+  } catch (const std::exception& e) {
+    fail("announcing the stop (rendezvous store)", e);
+  }
+}
+
+int Cluster::stop_announced() {
+  try {
+    return store_->check({"split/stop"}) ? std::stoi(string_of(store_->get("split/stop"))) : 0;
+  } catch (const std::exception& e) {
+    fail("checking for a stop (rendezvous store)", e);
+  }
+}
+
+void Cluster::publish_sent(int64_t g, bool done) {
+  try {
+    store_->set(fmt::format("split/sent/{}", target_index_),
+                bytes_of(fmt::format("{} {}", g, done ? 1 : 0)));
+  } catch (const std::exception& e) {
+    fail("publishing the micro-batches sent (rendezvous store)", e);
+  }
+}
+
+std::pair<int64_t, bool> Cluster::sent_by(int64_t target_index) {
+  const std::string key = fmt::format("split/sent/{}", target_index);
+  try {
+    if (!store_->check({key})) return {-1, false};
+    long long g = -1;
+    int done = 0;
+    std::sscanf(string_of(store_->get(key)).c_str(), "%lld %d", &g, &done);
+    return {int64_t(g), done != 0};
+  } catch (const std::exception& e) {
+    fail(fmt::format("reading what target rank {} sent (rendezvous store)",
+                     target_rank(target_index)),
+         e);
+  }
 }
 
 void Cluster::barrier_world(const std::string& what) {

@@ -17,6 +17,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <vector>
@@ -94,6 +95,16 @@ class Cluster {
   void allreduce_drafters(std::vector<at::Tensor>& tensors, const std::string& what);
   void broadcast_drafters(std::vector<at::Tensor>& tensors, const std::string& what);
   void barrier_world(const std::string& what);
+
+  // Stopping the split on a signal (docs/DISTRIBUTED.md, "Stopping"), through
+  // the rendezvous store: drafter rank 0 announces the agreed stop (the
+  // signal); each target rank publishes the last micro-batch it has posted
+  // and, once it has seen the stop, that it posts no more ({-1, false}
+  // before its first).
+  void announce_stop(int sig);
+  int stop_announced();  // the signal, 0 before any
+  void publish_sent(int64_t g, bool done);
+  std::pair<int64_t, bool> sent_by(int64_t target_index);
 
   // Rethrows a communication failure as a DistError naming the silent rank.
   [[noreturn]] void fail(const std::string& what, const std::exception& e) const;

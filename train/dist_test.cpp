@@ -106,12 +106,75 @@ TEST(DistFaults, HungRankIsNamedByTheOthersWithinTheTimeout) {
   const Shell copy = sh("sed 's/^timeout_s = 20.0/timeout_s = 4.0/' " + cfg("dist-1x2.toml") +
                         " > " + (tmp / "fast.toml"));
   ASSERT_EQ(copy.code, 0);
+  // Baseline in the same run and on the same machine load: the same launch
+  // without the fault (start-up, three steps, shutdown).
+  const Shell clean = sh(dflash() + " launch --nproc 3 -- train --skip-preflight --out-dir " +
+                         run_dir() + " --config " + (tmp / "fast.toml") + " --steps 3");
+  ASSERT_EQ(clean.code, 0) << clean.out;
   const Shell r =
       sh(dflash() + " launch --nproc 3 -- train --skip-preflight --out-dir " + run_dir() +
          " --config " + (tmp / "fast.toml") + " --steps 3 --fault rank=1,step=1,mode=hang");
   EXPECT_EQ(r.code, 3) << r.out;
   EXPECT_NE(r.out.find("silent: rank 1"), std::string::npos) << r.out;
-  EXPECT_LT(r.seconds, 4.0 + 15.0) << "did not end within the timeout (+ start-up and grace)";
+  // The hang ends one timeout (4 s) after it starts, plus the launcher's
+  // grace: under twice the fault-free run plus two timeouts whatever the
+  // machine's speed (the default timeout, 20 s, would exceed it).
+  EXPECT_LT(r.seconds, 2 * clean.seconds + 2 * 4.0)
+      << "did not end within the timeout (fault-free run: " << clean.seconds << " s)";
+}
+
+// SIGTERM to the launcher (what a cluster scheduler sends) in step 2: it is
+// forwarded to every rank, the drafters stop after the same step (2, or 3
+// when the signal lands after step 2's all-reduce), drafter rank 0
+// checkpoints it, the target rank stops sending, every rank exits without
+// waiting for a timeout, the launcher exits 143 naming --resume, and the
+// resumed launch ends with the uninterrupted run's parameters, bit for bit.
+TEST(DistSignals, SigtermToTheLauncherCheckpointsAndResumeIsBitExact) {
+  TmpDir tmp;
+  const std::string dir = run_dir();
+  auto launch = [&](const std::string& env, const std::string& out, const std::string& params,
+                    const std::string& extra) {
+    return sh(env + " " + dflash() + " launch --nproc 3 -- train --skip-preflight --out-dir " +
+              out + " --config " + cfg("dist-1x2.toml") + " --steps 5 --out-params " + params +
+              extra);
+  };
+  const Shell clean = launch("", run_dir(), tmp / "clean.st", "");
+  ASSERT_EQ(clean.code, 0) << clean.out;
+  const Shell stopped = launch("DFLASH_TEST_SIGNAL_LAUNCHER_IN_STEP=2", dir, tmp / "resumed.st", "");
+  EXPECT_EQ(stopped.code, 143) << stopped.out;
+  EXPECT_NE(stopped.out.find("stopped by SIGTERM"), std::string::npos) << stopped.out;
+  EXPECT_NE(stopped.out.find("-- train --skip-preflight --out-dir " + dir), std::string::npos)
+      << stopped.out;
+  EXPECT_NE(stopped.out.find(" --resume\n"), std::string::npos) << stopped.out;
+  EXPECT_EQ(stopped.out.find("stopping the other ranks"), std::string::npos) << stopped.out;
+  EXPECT_LT(stopped.seconds, clean.seconds + 10.0)  // timeout_s is 20
+      << "a rank waited for a timeout (uninterrupted run: " << clean.seconds << " s)";
+  const bool at2 = fs::exists(dir + "/checkpoints/step-000002/model.safetensors");
+  const bool at3 = fs::exists(dir + "/checkpoints/step-000003/model.safetensors");
+  ASSERT_TRUE(at2 || at3) << stopped.out;
+  EXPECT_FALSE(fs::exists(tmp / "resumed.st")) << "the stopped run wrote its final parameters";
+  const Shell resumed = launch("", dir, tmp / "resumed.st", " --resume");
+  ASSERT_EQ(resumed.code, 0) << resumed.out;
+  EXPECT_EQ(resumed.out.find(at2 ? "step     2  loss" : "step     3  loss"), std::string::npos)
+      << resumed.out;  // continued from the checkpoint, which loaded
+  const auto a = safetensors::read(tmp / "clean.st"), b = safetensors::read(tmp / "resumed.st");
+  ASSERT_EQ(a.tensors.size(), b.tensors.size());
+  for (const auto& [name, t] : a.tensors) EXPECT_TRUE(at::equal(t, b.get(name))) << name;
+}
+
+// SIGINT (a terminal's Ctrl-C reaches the launcher alone: the ranks have
+// process groups of their own) stops the same way, with 130.
+TEST(DistSignals, SigintToTheLauncherStopsEveryRankWith130) {
+  const std::string dir = run_dir();
+  const Shell r =
+      sh("DFLASH_TEST_SIGNAL_LAUNCHER_IN_STEP=1,int " + dflash() +
+         " launch --nproc 3 -- train --skip-preflight --out-dir " + dir + " --config " +
+         cfg("dist-1x2.toml") + " --steps 4");
+  EXPECT_EQ(r.code, 130) << r.out;
+  EXPECT_NE(r.out.find("stopped by SIGINT"), std::string::npos) << r.out;
+  EXPECT_TRUE(fs::exists(dir + "/checkpoints/step-000001") ||
+              fs::exists(dir + "/checkpoints/step-000002"))
+      << r.out;
 }
 
 TEST(DistStartup, ConfigDifferingOnOneRankIsRefused) {

@@ -56,11 +56,39 @@ std::vector<int64_t> ids_of_json(const nlohmann::json& ids, const std::string& w
   return out;
 }
 
+// A path the run's config recorded, as this process can open it. A relative
+// one was relative to the directory the run started in: trainer_state.json's
+// `cwd`. Checkpoints without it (older runs), or a tree moved since: the
+// current directory, then each ancestor of the checkpoint directory; the
+// first that holds the path wins (none: as recorded, named in the error).
+std::string recorded_path(const std::string& p, const Checkpoint& ck) {
+  if (p.empty() || fs::path(p).is_absolute()) return p;
+  std::vector<fs::path> bases;
+  if (!ck.cwd.empty()) bases.push_back(ck.cwd);
+  bases.push_back(fs::current_path());
+  for (fs::path d = fs::absolute(ck.dir); d.has_relative_path(); d = d.parent_path())
+    bases.push_back(d);
+  for (const fs::path& b : bases)
+    if (fs::exists(b / p)) return (b / p).lexically_normal().string();
+  return ck.cwd.empty() ? p : (fs::path(ck.cwd) / p).string();
+}
+
+void resolve_recorded_paths(nlohmann::json& resolved, const Checkpoint& ck) {
+  for (const auto& [section, key] : {std::pair<const char*, const char*>{"target", "path"},
+                                     {"data", "path"},
+                                     {"data", "eval_path"}}) {
+    nlohmann::json& sec = resolved[section];
+    if (sec.is_object() && sec.contains(key) && sec[key].is_string())
+      sec[key] = recorded_path(sec[key].get<std::string>(), ck);
+  }
+}
+
 // The run's config as the checkpoint recorded it, with the drafter's own
 // config.json fields and, with --target, the given Hugging Face target.
 Config eval_config(const Checkpoint& ck, const EvalOptions& o) {
   nlohmann::json resolved = ck.config;
   resolved.erase("__optimizer_steps");
+  resolve_recorded_paths(resolved, ck);
   if (!o.target.empty()) resolved["target"] = {{"source", "hf"}, {"path", o.target}};
   const std::string drafter_file = (fs::path(ck.dir) / "config.json").string();
   const nlohmann::json dj = nlohmann::json::parse(

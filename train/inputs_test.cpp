@@ -3,6 +3,7 @@
 // bad-input class is a clear error naming the file and the field; the
 // checkpoint format (inference config.json, no frozen tensors) and the
 // refusal of a checkpoint from a different config.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -266,9 +267,21 @@ TEST(Checkpoint, FromADifferentConfigIsRefusedNamingTheKey) {
   Config cadence = c;
   cadence.train.log_every = 1, cadence.train.checkpoint_every = 7;  // may change on resume
   EXPECT_NO_THROW(check_same_run(read_checkpoint(dir), cadence));
-  Config horizon = c;
-  horizon.train.steps *= 2;  // the cosine horizon: every remaining lr would change
-  expect_error([&] { check_same_run(read_checkpoint(dir), horizon); }, {"train.steps"});
+  // The schedule may change (more steps, another rate): listed, not refused.
+  Config longer = c;
+  longer.train.steps *= 2, longer.train.lr /= 2;
+  const std::vector<std::string> changed = check_same_run(read_checkpoint(dir), longer);
+  ASSERT_EQ(changed.size(), 2u);
+  EXPECT_EQ(changed[0].rfind("train.lr: ", 0), 0u) << changed[0];
+  EXPECT_EQ(changed[1], fmt::format("train.steps: {} -> {}", c.train.steps, 2 * c.train.steps));
+  EXPECT_TRUE(check_same_run(read_checkpoint(dir), cadence).empty());
+  Config shorter = c;
+  shorter.train.steps = 0;  // below the checkpoint's step 1
+  expect_error([&] { check_same_run(read_checkpoint(dir), shorter); },
+               {"train.steps 0", "below the checkpoint's step 1"});
+  Config decay = c;
+  decay.train.weight_decay += 0.1;  // an optimizer key, not the schedule: refused
+  expect_error([&] { check_same_run(read_checkpoint(dir), decay); }, {"train.weight_decay"});
 }
 
 }  // namespace

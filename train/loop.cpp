@@ -2,10 +2,13 @@
 #include "train/loop.h"
 
 #include <fmt/format.h>
+#include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -146,6 +149,53 @@ bool has_eval(const Run& r) {
   return r.data.eval.size() > 0 || r.c.data.source == "fixture" || r.c.data.source == "inline";
 }
 
+namespace {
+// The signal that asked the run to stop (0: none). The handler only stores
+// it; the loop reads it between steps.
+std::atomic<int> stop_signal{0};
+static_assert(std::atomic<int>::is_always_lock_free, "the handler needs a lock-free store");
+extern "C" void on_stop_signal(int sig) { stop_signal.store(sig); }
+}  // namespace
+
+void install_stop_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART | SA_RESETHAND;  // a second signal acts as if none were caught
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+}
+
+namespace {
+extern "C" void on_rank_stop_signal(int sig, siginfo_t* info, void*) {
+  if (info && info->si_code == SI_QUEUE && info->si_value.sival_int == kEndRankNow) {
+    signal(sig, SIG_DFL);  // blocked until the handler returns, then ends the rank
+    raise(sig);
+    return;
+  }
+  stop_signal.store(sig);
+}
+}  // namespace
+
+void install_rank_stop_handlers() {
+  struct sigaction sa {};
+  sa.sa_sigaction = on_rank_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART | SA_SIGINFO;  // no SA_RESETHAND: a repeat is absorbed
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+}
+
+int stop_requested() { return stop_signal.load(); }
+
+// Test hook: DFLASH_TEST_SIGNAL_IN_STEP=<step>[,int] raises SIGTERM (SIGINT)
+// in the middle of that step (1-based), after its first micro-batch.
+void maybe_signal_in_step(int64_t step) {
+  const char* s = std::getenv("DFLASH_TEST_SIGNAL_IN_STEP");
+  if (!s || std::atoll(s) != step) return;
+  std::raise(std::string(s).find(",int") != std::string::npos ? SIGINT : SIGTERM);
+}
+
 // One optimizer step: D micro-batches, global normalisation, clip + AdamW.
 Sums train_step(Run& r) {
   const int64_t D = r.c.train.micro_batches;
@@ -163,6 +213,7 @@ Sums train_step(Run& r) {
     (out.loss * out.weight_sum.item<double>()).backward();  // numerator; divided below
     check_gradients(r, in, g);
     s.add(out);
+    if (d == 0) maybe_signal_in_step(r.st.step + 1);
   }
   scale_grads(r.w, s.den);
   return s;
@@ -223,6 +274,38 @@ std::string run_dir_for(const Config& c, const RunOptions& o) {
   return (fs::path("runs") / fs::path(o.config).stem()).string();
 }
 
+// --resume: the newest intact checkpoint (newer damaged ones are named and,
+// once the run starts writing, set aside), checked against the config.
+void resume_from_checkpoint(Run& r) {
+  ResumePoint rp = newest_intact_checkpoint(r.dir);
+  if (!rp.ck) {
+    fmt::print("resume: no complete checkpoint in {}; starting at step 0\n", r.dir);
+    return;
+  }
+  const Checkpoint& ck = *rp.ck;
+  for (size_t i = 0; i < rp.damaged_dirs.size(); ++i)
+    fmt::print(stderr,
+               "warning: {} is damaged ({}); resuming from the newest intact checkpoint, {}; "
+               "the damaged one will be set aside as damaged-*\n",
+               rp.damaged_dirs[i], rp.damaged_reasons[i], ck.dir);
+  r.damaged = rp.damaged_dirs;
+  const std::vector<std::string> changed = check_same_run(ck, r.c);
+  restore(ck, r.c, r.w, *r.opt);
+  r.st = ck.state;
+  r.resumed = true;
+  if (ck.threads != 0 && ck.threads != at::get_num_threads())
+    fmt::print(stderr,
+               "warning: {} was written with {} intra-op threads, this run has {}: CPU "
+               "reductions split differently, so the resumed run is not bit-exact (run.threads "
+               "fixes the count)\n",
+               ck.dir, ck.threads, at::get_num_threads());
+  fmt::print("resuming from {} (step {}, data cursor {})\n", ck.dir, r.st.step, r.st.cursor);
+  for (const std::string& k : changed) fmt::print("resume: {} (changed since the checkpoint)\n", k);
+  if (!changed.empty())
+    fmt::print("resume: the learning-rate schedule continues from step {} with these values\n",
+               r.st.step);
+}
+
 // Everything that can reject the run's inputs, read-only: nothing in the
 // run directory is written before this has passed.
 std::unique_ptr<Run> prepare(const Config& c, const RunOptions& o, bool with_data,
@@ -260,22 +343,7 @@ std::unique_ptr<Run> prepare(const Config& c, const RunOptions& o, bool with_dat
         "{} already holds checkpoints ({}); pass --resume to continue that run or --out-dir "
         "for a new one; nothing was overwritten",
         r->dir, *latest));
-  if (latest) {
-    const Checkpoint ck = read_checkpoint(*latest);
-    check_same_run(ck, c);
-    restore(ck, c, r->w, *r->opt);
-    r->st = ck.state;
-    r->resumed = true;
-    if (ck.threads != 0 && ck.threads != at::get_num_threads())
-      fmt::print(stderr,
-                 "warning: {} was written with {} intra-op threads, this run has {}: CPU "
-                 "reductions split differently, so the resumed run is not bit-exact (run.threads "
-                 "fixes the count)\n",
-                 *latest, ck.threads, at::get_num_threads());
-    fmt::print("resuming from {} (step {}, data cursor {})\n", *latest, r->st.step, r->st.cursor);
-  } else if (o.resume) {
-    fmt::print("resume: no complete checkpoint in {}; starting at step 0\n", r->dir);
-  }
+  if (o.resume) resume_from_checkpoint(*r);
   return r;
 }
 
@@ -296,6 +364,9 @@ void open_metrics(Run& r) {
 
 double begin_run(Run& r) {
   fs::create_directories(r.dir);
+  for (const std::string& d : r.damaged)  // a new checkpoint of that step must not meet it
+    fmt::print(stderr, "set aside the damaged checkpoint {} as {}\n", d, set_aside_damaged(d));
+  r.damaged.clear();
   safetensors::write_file_atomic((fs::path(r.dir) / "config.toml").string(), config_to_toml(r.c));
   open_metrics(r);
   if (r.st.step != 0 || !has_eval(r)) return 0.0;
@@ -329,6 +400,23 @@ std::pair<double, std::string> end_run(Run& r, const AdamW& opt, bool saved_now)
   return {tau, write_report(r.dir)};
 }
 
+// A stop signal between steps: the step just done is checkpointed (unless
+// it was already), and the run ends without its final evaluation.
+void stop_for_signal(Run& r, const AdamW& opt, bool saved_now, int sig, RunSummary& sum) {
+  const std::string ck =
+      saved_now ? (fs::path(r.dir) / "checkpoints" / fmt::format("step-{:06d}", r.st.step)).string()
+                : save_checkpoint(r.dir, r.c, r.w, opt, r.st);
+  r.metrics.close();
+  sum.signal = sig;
+  fmt::print(stderr,
+             "\ndflash train: stopped by {} after step {} of {}; checkpoint {} is complete.\n"
+             "Continue the run with the same command and --resume:\n"
+             "  dflash train --config {} --out-dir {} --resume\n",
+             sig == SIGINT ? "SIGINT" : "SIGTERM", r.st.step, r.c.train.steps, ck, r.o.config,
+             r.dir);
+  std::fflush(stderr);
+}
+
 RunSummary run_loop(Run& r) {
   RunSummary sum{r.dir, "", r.c.train.steps, 0, 0};
   sum.first_eval_tau = begin_run(r);
@@ -337,6 +425,10 @@ RunSummary run_loop(Run& r) {
   int64_t timed = 0;
   bool saved = false;
   while (r.st.step < r.c.train.steps) {
+    if (const int sig = stop_requested()) {
+      stop_for_signal(r, *r.opt, saved, sig, sum);
+      return sum;
+    }
     const double t0 = now();
     const Sums s = train_step(r);
     const AdamW::Stats st = r.opt->step();
@@ -421,7 +513,9 @@ int run_training(const RunOptions& o) {
   // Every input is checked before anything is written.
   std::unique_ptr<detail::Run> r = detail::prepare(c, o, true, true);
   if (!detail::gate(c, o, r->dir)) return 1;
+  detail::install_stop_handlers();  // SIGTERM / SIGINT: checkpoint, then exit 128 + signal
   const RunSummary s = detail::run_loop(*r);
+  if (s.signal != 0) return 128 + s.signal;
   if (r->resumed)
     fmt::print("\ntrained to step {} (resumed); held-out tau {:.3f}\nreport: {}\n", s.steps,
                s.last_eval_tau, s.report);

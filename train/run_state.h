@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "core/optim.h"
 #include "core/step.h"
@@ -58,6 +59,7 @@ struct Run {
   std::ofstream metrics;
   double tokens_per_step = 0;
   bool resumed = false;
+  std::vector<std::string> damaged;    // --resume: newer damaged checkpoints, set aside at start
   std::string dump_suffix;             // the split: "-rank-R", so drafters do not collide
   c10::Device device{c10::kCPU};       // topology.device: weights, optimizer state, batches
   double served = 0, served_tree = 0;  // last served acceptance (block, tree); 0: none yet
@@ -93,6 +95,10 @@ bool after_step(Run& r, const AdamW& opt);
 // {held-out tau, report path}.
 std::pair<double, std::string> end_run(Run& r, const AdamW& opt, bool saved_now);
 void maybe_exit_after(int64_t step);
+// SIGTERM / SIGINT handlers that only record the signal (sigaction; a second
+// one acts as if none were caught); stop_requested() is it, 0 when none came.
+void install_stop_handlers();
+int stop_requested();
 // A progress line at the first and last step and every train.log_every.
 bool line_due(const Run& r);
 bool gate(const Config& c, const RunOptions& o, const std::string& dir);

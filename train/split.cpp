@@ -3,6 +3,8 @@
 // from the same checkpoint; drafter rank 0 writes metrics, evaluates,
 // checkpoints and writes the report, like the single-process loop.
 #include <fmt/format.h>
+#include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -10,6 +12,8 @@
 #include <filesystem>
 
 #include "core/safetensors.h"
+#include "train/checkpoint.h"
+#include "train/loop.h"
 #include "train/report.h"
 #include "train/run_state.h"
 #include "train/split_loop.h"
@@ -78,6 +82,28 @@ void report_hooks(Run* run, const RunOptions& o, int64_t D, SplitHooks& h) {
     run->w = w;
     fmt::print("report: {}\n", end_run(*run, opt, *saved).second);
   };
+  h.at_stop = [run, saved](const DrafterWeights& w, const AdamW& opt, int sig) {
+    run->w = w;
+    const std::string ck =
+        *saved ? (fs::path(run->dir) / "checkpoints" / fmt::format("step-{:06d}", run->st.step))
+                     .string()
+               : save_checkpoint(run->dir, run->c, run->w, opt, run->st);
+    run->metrics.close();
+    fmt::print(stderr,
+               "dflash train: stopped by {} after step {} of {} (every rank stops after it); "
+               "checkpoint {} is complete\n",
+               sig == SIGINT ? "SIGINT" : "SIGTERM", run->st.step, run->c.train.steps, ck);
+    std::fflush(stderr);
+  };
+}
+
+// Test hook: DFLASH_TEST_SIGNAL_LAUNCHER_IN_STEP=<step>[,int] sends SIGTERM
+// (SIGINT) to the launcher (this rank's parent) at the start of that step
+// (1-based), as a cluster scheduler would.
+void maybe_signal_launcher(int64_t step) {
+  const char* s = std::getenv("DFLASH_TEST_SIGNAL_LAUNCHER_IN_STEP");
+  if (!s || std::atoll(s) != step) return;
+  kill(getppid(), std::string(s).find(",int") != std::string::npos ? SIGINT : SIGTERM);
 }
 
 // Every drafter: the same resumed state, the test poison, the non-finite dump.
@@ -89,9 +115,10 @@ void drafter_hooks(Run* run, int64_t rank, bool reporter, SplitHooks& h) {
     run->w = w, run->st.step = t;
     stop_nonfinite(*run, in, g);
   };
-  if (reporter && run->o.poison_step > 0)
+  if (reporter)
     h.before_step = [run](int64_t t, DrafterWeights& w) {
-      if (t + 1 != run->o.poison_step) return;
+      maybe_signal_launcher(t + 1);
+      if (run->o.poison_step <= 0 || t + 1 != run->o.poison_step) return;
       at::NoGradGuard ng;
       w.fc.view(-1)[0] = NAN;
     };
@@ -100,6 +127,9 @@ void drafter_hooks(Run* run, int64_t rank, bool reporter, SplitHooks& h) {
 }  // namespace
 
 int run_split(const Config& c, const RunOptions& o) {
+  // SIGTERM / SIGINT: the drafters agree on a step, checkpoint it, and every
+  // rank exits 128 + signal (docs/DISTRIBUTED.md, "Stopping").
+  install_rank_stop_handlers();
   if (!o.skip_preflight && !std::getenv("DFLASH_PREFLIGHT_PASSED"))
     throw std::runtime_error(
         "a launched rank does not run preflight itself: start the split with `dflash launch` "
@@ -130,6 +160,7 @@ int run_split(const Config& c, const RunOptions& o) {
   t.out_params = o.out_params;
   t.per_rank_normalisation = o.per_rank_normalisation;
   t.fault = o.fault;
+  t.stop_on_signal = true;
   Run* run = r.get();
   t.hooks.start_step = run->st.step;
   if (target)
@@ -139,7 +170,6 @@ int run_split(const Config& c, const RunOptions& o) {
   if (drafter) drafter_hooks(run, rank, reporter, t.hooks);
   if (reporter) report_hooks(run, o, D, t.hooks);
   return run_train(cs, t);
-  return run_train(c, t);
 }
 
 }  // namespace dflash::train::detail

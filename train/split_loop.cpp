@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <functional>
 #include <memory>
+#include <thread>
 
 #include "core/device.h"
 #include "core/safetensors.h"
@@ -16,6 +17,7 @@
 #include "optimized/target.h"
 #include "reference/step.h"
 #include "reference/target.h"
+#include "train/loop.h"
 
 namespace dflash::train {
 
@@ -103,8 +105,10 @@ StepInputs fixture_micro_batch(const Config& c, const TargetWeights& target, int
 }
 
 // Target rank: build, run and send every micro-batch assigned to it, from
-// the resumed step on.
-void run_target_rank(const Config& c, const TrainOptions& o, dist::Cluster& cl, int64_t D) {
+// the resumed step on; with stop_on_signal, until the drafters announce a
+// stop (then it publishes that it sends no more and waits for the drafters
+// to take what it has sent). Returns the signal it stopped on, or 0.
+int run_target_rank(const Config& c, const TrainOptions& o, dist::Cluster& cl, int64_t D) {
   std::function<StepInputs(int64_t)> make = o.hooks.micro_batch;
   if (!make) {
     auto target = std::make_shared<TargetWeights>(fixtures::make_target(c));
@@ -113,7 +117,10 @@ void run_target_rank(const Config& c, const TrainOptions& o, dist::Cluster& cl, 
   const size_t depth = size_t(c.topology.queue_depth) * 4;  // four tensors per micro-batch
   const int64_t T = cl.num_targets(), first = o.hooks.start_step * D;
   const int64_t g0 = first + ((cl.target_index() - first) % T + T) % T;
+  int stop = 0;
+  int64_t sent = -1;
   for (int64_t g = g0; g < o.steps * D; g += T) {
+    if (o.stop_on_signal && (stop = cl.stop_announced()) != 0) break;
     maybe_fault(o.fault, cl.rank(), g / D);
     const StepInputs in = make(g);
     const int64_t dst = cl.drafter_rank(g % D);
@@ -122,8 +129,11 @@ void run_target_rank(const Config& c, const TrainOptions& o, dist::Cluster& cl, 
     for (int i = 0; i < 4; ++i)
       cl.isend({parts[size_t(i)]}, dst, int(g * 4 + i), depth,
                fmt::format("micro-batch {} for drafter rank {}", g, dst));
+    if (o.stop_on_signal) cl.publish_sent(sent = g, false);
   }
+  if (o.stop_on_signal) cl.publish_sent(sent, true);
   cl.wait_sends(0, "the last micro-batches");
+  return stop;
 }
 
 StepInputs receive_micro_batch(const Config& c, dist::Cluster& cl, int64_t g, int64_t src,
@@ -197,9 +207,62 @@ bool finite_step(const MicroResult& m, const DrafterWeights& w) {
   return true;
 }
 
-// Drafter rank: receive, step, all-reduce, update; rank 0 reports.
-void train_drafter_rank(const Config& c, const TrainOptions& o, dist::Cluster& cl, int64_t D,
-                        std::vector<StepLog>& log) {
+// After the drafters agreed to stop after step S - 1: the micro-batches the
+// target ranks already sent (at most queue_depth each) are received and
+// dropped, in order, until every target rank that sends to this drafter has
+// said it sends no more, so that no target waits on its sends until the
+// timeout. Sources repeat every T steps: T skips in a row end the drain.
+void drain_after_stop(const Config& c, const TrainOptions& o, dist::Cluster& cl, int64_t D,
+                      int64_t S, const c10::Device& device) {
+  const int64_t T = cl.num_targets();
+  int64_t skipped = 0;
+  for (int64_t s = S; s < o.steps && skipped < T; ++s) {
+    const int64_t g = s * D + cl.drafter_index(), src = g % T;
+    const double deadline = now() + c.topology.timeout_s;
+    for (;;) {
+      const auto [sent, done] = cl.sent_by(src);
+      if (sent >= g) {
+        receive_micro_batch(c, cl, g, cl.target_rank(src), device);
+        skipped = 0;
+        break;
+      }
+      if (done) {
+        ++skipped;
+        break;
+      }
+      if (now() > deadline)
+        cl.fail(fmt::format("draining micro-batch {} after the stop", g),
+                std::runtime_error("target rank " + std::to_string(cl.target_rank(src)) +
+                                   " neither sent it nor stopped"));
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  }
+}
+
+// The signal the drafters agreed to stop on, from the step's sums (every
+// drafter adds whether it was asked to stop, and whether by SIGINT): the
+// same on every drafter rank.
+int agreed_stop(const at::Tensor& sums) {
+  if (sums[5].item<double>() == 0) return 0;
+  return sums[6].item<double>() > 0 ? SIGINT : SIGTERM;
+}
+
+// Every drafter after the agreed step S - 1: rank 0 announces the stop to the
+// target ranks and checkpoints; all drain what the targets already sent.
+void stop_drafter(const Config& c, const TrainOptions& o, dist::Cluster& cl, int64_t D,
+                  int64_t S, int sig, const DrafterWeights& w, const AdamW& opt,
+                  const c10::Device& device) {
+  if (cl.drafter_index() == 0) {
+    cl.announce_stop(sig);
+    if (o.hooks.at_stop) o.hooks.at_stop(w, opt, sig);
+  }
+  drain_after_stop(c, o, cl, D, S, device);
+}
+
+// Drafter rank: receive, step, all-reduce, update; rank 0 reports. Returns
+// the signal the drafters stopped on, or 0.
+int train_drafter_rank(const Config& c, const TrainOptions& o, dist::Cluster& cl, int64_t D,
+                       std::vector<StepLog>& log) {
   const c10::Device device = config_device(c);  // cuda: cuda:LOCAL_RANK
   DrafterWeights w = fixtures::make_drafter(c);
   to_device(w, device);
@@ -222,7 +285,10 @@ void train_drafter_rank(const Config& c, const TrainOptions& o, dist::Cluster& c
     if (o.hooks.before_step) o.hooks.before_step(t, w);
     const MicroResult m = micro_step(fn, c, w, frozen, in, o.per_rank_normalisation);
     const bool bad = !finite_step(m, w);
-    at::Tensor sums = at::tensor({m.num, m.den, m.accept, m.kept, bad ? 1.0 : 0.0}, at::kDouble);
+    const int asked = o.stop_on_signal ? detail::stop_requested() : 0;
+    at::Tensor sums = at::tensor({m.num, m.den, m.accept, m.kept, bad ? 1.0 : 0.0,
+                                  asked != 0 ? 1.0 : 0.0, asked == SIGINT ? 1.0 : 0.0},
+                                 at::kDouble);
     allreduce_step(cl, w, sums);
     if (sums[4].item<double>() > 0) {  // every drafter sees it: all stop, the culprits dump
       if (bad && o.hooks.nonfinite) o.hooks.nonfinite(t, g, in, w);
@@ -233,19 +299,26 @@ void train_drafter_rank(const Config& c, const TrainOptions& o, dist::Cluster& c
     const double num = sums[0].item<double>(), den = sums[1].item<double>();
     scale_grads(w, o.per_rank_normalisation ? double(D) : den);
     const AdamW::Stats s = opt.step();
-    if (!reporter) continue;
-    log.push_back(log_line(t, num, den, s, sums[2].item<double>(), sums[3].item<double>(), waited,
-                           now() - t0, !o.hooks.after_step));
-    if (o.hooks.after_step) o.hooks.after_step(log.back(), w, opt);
+    if (reporter) {
+      log.push_back(log_line(t, num, den, s, sums[2].item<double>(), sums[3].item<double>(),
+                             waited, now() - t0, !o.hooks.after_step));
+      if (o.hooks.after_step) o.hooks.after_step(log.back(), w, opt);
+    }
+    if (const int sig = agreed_stop(sums); sig != 0 && t + 1 < o.steps) {
+      stop_drafter(c, o, cl, D, t + 1, sig, w, opt, device);
+      return sig;
+    }
   }
-  if (!reporter) return;
+  if (!reporter) return 0;
   write_params(o.out_params, w);
   if (o.hooks.at_end) o.hooks.at_end(w, opt);
+  return 0;
 }
 
 }  // namespace
 
-std::vector<StepLog> train_distributed(const Config& c, const TrainOptions& o, dist::Cluster& cl) {
+std::vector<StepLog> train_distributed(const Config& c, const TrainOptions& o, dist::Cluster& cl,
+                                       int* stopped) {
   const int64_t D = cl.num_drafters();
   if (o.micro_batches > 0 && o.micro_batches != D)
     throw dist::DistError(
@@ -253,9 +326,12 @@ std::vector<StepLog> train_distributed(const Config& c, const TrainOptions& o, d
                     "(one micro-batch per drafter per step)",
                     o.micro_batches, D));
   std::vector<StepLog> log;
-  if (cl.is_target()) run_target_rank(c, o, cl, D);
-  if (cl.is_drafter()) train_drafter_rank(c, o, cl, D, log);
-  cl.barrier_world("the end of training");
+  int sig = 0;
+  if (cl.is_target()) sig = run_target_rank(c, o, cl, D);
+  if (cl.is_drafter()) sig = train_drafter_rank(c, o, cl, D, log);
+  // After a stop too: no rank exits before drafter rank 0's checkpoint is complete.
+  cl.barrier_world(sig != 0 ? "the stop" : "the end of training");
+  if (stopped) *stopped = sig;
   return log;
 }
 
@@ -268,8 +344,9 @@ int run_train(const Config& c, const TrainOptions& o) {
   if (const char* r = std::getenv("DFLASH_TEST_PERTURB_CONFIG_RANK"))  // test hook
     if (std::atoll(r) == env.rank) local.loss.gamma += 1.0;
   dist::Cluster cl(local, env);
-  train_distributed(local, o, cl);
-  return 0;
+  int sig = 0;
+  train_distributed(local, o, cl, &sig);
+  return sig != 0 ? 128 + sig : 0;
 }
 
 }  // namespace dflash::train

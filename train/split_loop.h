@@ -48,6 +48,10 @@ struct SplitHooks {
   std::function<void()> at_start;
   std::function<void(const StepLog&, const DrafterWeights&, const AdamW&)> after_step;
   std::function<void(const DrafterWeights&, const AdamW&)> at_end;
+  // Drafter rank 0 only: the drafters agreed to stop on signal `sig` after
+  // the step just done (after_step has run): its checkpoint, written before
+  // any rank exits.
+  std::function<void(const DrafterWeights&, const AdamW&, int sig)> at_stop;
 };
 
 struct TrainOptions {
@@ -61,10 +65,15 @@ struct TrainOptions {
   bool per_rank_normalisation = false;
   // Test hook for faults, "rank=R,step=T,mode=exit|hang".
   std::string fault;
+  // SIGTERM / SIGINT (train::detail::stop_requested) on any drafter rank
+  // stops every rank after the same step (docs/DISTRIBUTED.md, "Stopping").
+  bool stop_on_signal = false;
   SplitHooks hooks;
 };
 
-std::vector<StepLog> train_distributed(const Config& c, const TrainOptions& o, dist::Cluster& cl);
+// `stopped` (optional): the signal the ranks stopped on, 0 when they finished.
+std::vector<StepLog> train_distributed(const Config& c, const TrainOptions& o, dist::Cluster& cl,
+                                       int* stopped = nullptr);
 
 // `dflash train` inside a launched rank (RANK / WORLD_SIZE > 1); one
 // process trains through train::run_training (train/loop.h).
