@@ -144,6 +144,9 @@ case "$case_name" in
     "$dflash" parity --cases 100 --json "$tmp/p.json" --junit "$tmp/p.xml" > "$tmp/out.txt" 2>&1
     grep -q "kill table" "$tmp/out.txt"
     grep -q 'failures="0"' "$tmp/p.xml"
+    # the SPEC oracle is one of its rows (code both builds share)
+    grep -qE "^parity\.spec_oracle +pass +[0-9.]+ +25 cases" "$tmp/out.txt" ||
+      { echo "no parity.spec_oracle row"; exit 1; }
     if grep -E "RC_PARAMS|RapidCheck|Falsifiable|FAILED" "$tmp/out.txt"; then
       echo "a passing parity run printed failure text"; exit 1
     fi
@@ -287,6 +290,35 @@ case "$case_name" in
     grep -q "verdict: the configured run fits" "$tmp/out.txt"
     grep -q "343.60 GB" "$tmp/out.txt"
     grep -q "plan: dense attention fallback -> OOM" "$tmp/out.txt"
+    # Issue 36, one memory story: plan, preflight and the memory guard print
+    # the same labelled figure for the same workload. A Qwen3-8B-shaped cpu
+    # config no host holds (S = 32768: dflash's dense target attention alone
+    # is ~400 GB), so nothing allocates.
+    q8="$tmp/qwen3-8b.toml"
+    sed -e 's/^vocab_size = .*/vocab_size = 151936/' -e 's/^hidden_size = .*/hidden_size = 4096/' \
+        -e 's/^num_hidden_layers = 6/num_hidden_layers = 36/' \
+        -e 's/^num_attention_heads = .*/num_attention_heads = 32/' \
+        -e 's/^num_key_value_heads = .*/num_key_value_heads = 8/' -e 's/^head_dim = .*/head_dim = 128/' \
+        -e 's/^intermediate_size = .*/intermediate_size = 12288/' -e 's/^batch_size = .*/batch_size = 1/' \
+        -e 's/^seq_len = .*/seq_len = 32768/' -e 's/^block_size = .*/block_size = 16/' \
+        -e 's/^max_anchors = .*/max_anchors = 512/' -e 's/^mask_token_id = .*/mask_token_id = 151935/' \
+        -e 's/^chunk_size = .*/chunk_size = 2048/' "$tiny" > "$q8"
+    if "$dflash" plan --config "$q8" > "$tmp/q8-plan.txt"; then echo "a Qwen3-8B fits here"; exit 1; fi
+    run_line=$(grep -o "the training run (.*), rank 0 (target+drafter) on cpu: .*" "$tmp/q8-plan.txt")
+    step_line=$(grep -o "one optimized step (.*) on cpu: .*" "$tmp/q8-plan.txt")
+    ref_line=$(grep -o "one reference step (.*) on cpu: .*" "$tmp/q8-plan.txt")
+    [ -n "$run_line" ] && [ -n "$step_line" ] && [ -n "$ref_line" ] || { cat "$tmp/q8-plan.txt"; exit 1; }
+    if "$dflash" step --config "$q8" --build optimized > "$tmp/q8-opt.txt" 2>&1; then exit 1; fi
+    grep -qF "needs an estimated $step_line; offered" "$tmp/q8-opt.txt" ||
+      { echo "the guard of step --build optimized disagrees with plan: $step_line"; cat "$tmp/q8-opt.txt"; exit 1; }
+    if "$dflash" step --config "$q8" > "$tmp/q8-ref.txt" 2>&1; then exit 1; fi
+    grep -qF "needs an estimated $ref_line; offered" "$tmp/q8-ref.txt" ||
+      { echo "the guard of step (reference) disagrees with plan: $ref_line"; cat "$tmp/q8-ref.txt"; exit 1; }
+    if "$dflash" preflight --config "$q8" --cases 1 > "$tmp/q8-pf.txt" 2>&1; then exit 1; fi
+    grep -E "^memory plan +FAIL" "$tmp/q8-pf.txt" | grep -qF "$run_line" ||
+      { echo "preflight's memory plan disagrees with plan: $run_line"; cat "$tmp/q8-pf.txt"; exit 1; }
+    grep -E "^real step +skip" "$tmp/q8-pf.txt" | grep -qF "needs an estimated $step_line; offered" ||
+      { echo "preflight's real step disagrees with plan: $step_line"; cat "$tmp/q8-pf.txt"; exit 1; }
     ;;
   report_in_browser)
     # The default run, shortened, then its report.html in headless Chromium:

@@ -136,8 +136,8 @@ void end_ranks(std::vector<Child>& kids) {
 std::string resume_command(const LaunchArgs& a) {
   std::string cmd = fmt::format("dflash launch --nproc {}", a.nproc);
   if (a.nnodes > 1)
-    cmd += fmt::format(" --nnodes {} --node-rank {} (one launcher per node)", a.nnodes,
-                       a.node_rank);
+    cmd +=
+        fmt::format(" --nnodes {} --node-rank {} (one launcher per node)", a.nnodes, a.node_rank);
   cmd += " --";
   bool resume = false;
   for (const auto& x : a.args) cmd += " " + x, resume |= x == "--resume";
@@ -250,7 +250,8 @@ Outcome supervise(std::vector<Child>& kids, const Placement& place, double grace
       k.running = false;
       k.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
       forward(k, place.rank(int64_t(r)), true);
-      const bool in_order = out.forwarded != 0 && WIFEXITED(status) && k.code == 128 + out.forwarded;
+      const bool in_order =
+          out.forwarded != 0 && WIFEXITED(status) && k.code == 128 + out.forwarded;
       out.stopped |= in_order;
       if (k.code == 0 || in_order || out.failed_rank >= 0) continue;
       out.failed_rank = place.rank(int64_t(r)), out.failed_code = k.code;

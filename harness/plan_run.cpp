@@ -9,14 +9,49 @@
 
 namespace dflash::harness {
 
+namespace {
+
+// The estimates preflight and the memory guard print (one memory story):
+// the run as planned, per rank on the configured devices; then what dflash's
+// own commands allocate, counted where this process would run them.
+nlohmann::json print_estimates(const Config& c, bool all_ranks) {
+  fmt::print("\nmemory estimates (the figures preflight and the memory guard print):\n");
+  nlohmann::json out = nlohmann::json::array();
+  const std::pair<Workload, Where> rows[] = {
+      {Workload::kPlannedRun, configured_where(c)},
+      {Workload::kTrain, where_it_runs(c)},
+      {Workload::kStep, where_it_runs(c)},
+      {Workload::kReferenceStep, where_it_runs(c)},
+  };
+  for (const auto& [w, where] : rows) {
+    std::string last;
+    for (const Estimate& e : estimate_memory(c, w, where)) {
+      nlohmann::json parts = nlohmann::json::object();
+      for (const EstimatePart& p : e.parts) parts[p.label] = p.bytes;
+      out.push_back({{"workload", e.workload}, {"who", e.who},     {"where", e.where},
+                     {"bytes", e.bytes},       {"moment", e.moment}, {"parts", parts},
+                     {"line", e.line()}});
+      // Ranks of one role with the same figure print once unless --all-ranks.
+      const std::string key = e.who.substr(e.who.find('(')) + fmt::format("{}", e.bytes);
+      if (all_ranks || key != last) fmt::print("  {}\n", e.line());
+      last = key;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
 int run_plan(const std::string& path, bool all_ranks, const std::string& json) {
   const Config c = load_config(path);
-  fmt::print("dflash plan {}: {} ranks ({} target, {} drafter), {} GB each, reserve {} GB\n\n",
-             path, c.topology.world_size, c.topology.target_ranks.size(),
-             c.topology.drafter_ranks.size(),
-             c.topology.device_memory_gb.empty() ? machine_memory_bytes() / 1e9
-                                                 : c.topology.device_memory_gb[0],
-             c.topology.memory_reserve_gb);
+  fmt::print(
+      "dflash plan {}: {} ranks ({} target, {} drafter) on {}, {:.1f} GB each{}, reserve {} GB\n\n",
+      path, c.topology.world_size, c.topology.target_ranks.size(), c.topology.drafter_ranks.size(),
+      c.topology.device,
+      c.topology.device_memory_gb.empty() ? machine_memory_bytes() / 1e9
+                                          : c.topology.device_memory_gb[0],
+      c.topology.device_memory_gb.empty() ? " (this host's memory)" : "",
+      c.topology.memory_reserve_gb);
   nlohmann::json j = {
       {"config", path}, {"figures", nlohmann::json::array()}, {"plans", nlohmann::json::array()}};
   fmt::print("single tensors (SPEC.md figures):\n");
@@ -25,6 +60,7 @@ int run_plan(const std::string& path, bool all_ranks, const std::string& json) {
                f.bytes / (1 << 30) * 1.0, f.formula);
     j["figures"].push_back({{"name", f.name}, {"bytes", f.bytes}, {"formula", f.formula}});
   }
+  j["estimates"] = print_estimates(c, all_ranks);
   bool configured_fits = false;
   for (const PlanVariant& v : standard_variants(c)) {
     const Plan p = plan_memory(c, v);

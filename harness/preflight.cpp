@@ -14,6 +14,7 @@
 #include "fixtures/fixtures.h"
 #include "harness/audit.h"
 #include "harness/env_check.h"
+#include "harness/memory_guard.h"
 #include "harness/on_device.h"
 #include "harness/parity.h"
 #include "harness/planner.h"
@@ -159,13 +160,17 @@ struct Subject {
   optimized::Components parts = optimized::real_components();
 };
 
+// The run as planned, every rank on the configured devices; the figure is
+// the worst rank's estimate, the line `dflash plan` prints for it.
 void plan_check(Row& r, const Subject& s) {
   const Plan p = plan_memory(s.config, configured_variant(s.config));
-  double worst = 1e300, peak = 0;
-  for (const auto& rk : p.ranks)
-    worst = std::min(worst, rk.headroom), peak = std::max(peak, rk.peak);
-  r.figure = fmt::format("{}: largest rank peak {}, worst headroom {}", p.fits() ? "fits" : "OOM",
-                         human(peak).substr(1), human(worst));
+  const std::vector<Estimate> es =
+      estimate_memory(s.config, Workload::kPlannedRun, configured_where(s.config));
+  size_t worst = 0;
+  for (size_t i = 0; i < p.ranks.size(); ++i)
+    if (p.ranks[i].headroom < p.ranks[worst].headroom) worst = i;
+  r.figure = fmt::format("{}: headroom {}: {}", p.fits() ? "fits" : "OOM",
+                         human(p.ranks[worst].headroom), es[worst].line());
   if (!p.fits()) r.result = "FAIL", r.detail = p.format(true);
 }
 
@@ -232,17 +237,18 @@ void memory_check(Row& r, const Subject& s) {
   if (!loss.ok || !att.ok) r.result = "FAIL", r.detail = loss.text + "\n" + att.text;
 }
 
-// This machine as one process running the target and one drafter step;
-// dflash's own target forward is dense, so that is what is planned.
+// This machine as one process running the target and one drafter step on
+// the host: the memory guard's estimate of `dflash step --build optimized`
+// (Workload::kStep), against what this host has available now.
 void real_step_check(Row& r, const Subject& s) {
-  Config local = s.config;
-  local.topology = TopologyConfig{};
-  const Plan p = plan_memory(local, configured_variant(local), /*dense_target_attention=*/true);
-  const double need = p.ranks[0].peak, have = machine_memory_bytes() * 0.8;
-  if (need > have) {
+  Where where = where_it_runs(s.config);
+  if (where.device != "cpu")
+    where = {"cpu", fmt::format("cpu (preflight's real step runs on the host, not {})",
+                                s.config.topology.device)};
+  const MemoryBudget b = memory_budget(s.config, Workload::kStep, where, available_host_bytes());
+  if (!b.fits) {
     r.result = "skip";
-    r.figure =
-        fmt::format("needs {:.1f} GB here, this machine offers {:.1f} GB", need / 1e9, have / 1e9);
+    r.figure = "does not fit here: " + b.text;
     return;
   }
   const TargetWeights target = fixtures::make_target(s.config);

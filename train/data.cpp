@@ -176,6 +176,39 @@ void check_byte_tokenizer(const Config& c) {
         c.path, ByteTokenizer::kMask, c.target.path, kByteTokenizerFile, c.data.mask_token_id));
 }
 
+// SPEC: position a is an anchor candidate when a <= S-2 and loss_mask[a]
+// and loss_mask[a+1]. A set in which no row has one (all-zero masks, or only
+// isolated ones) trains to loss 0 and gradient norm 0: refused before any
+// step runs, naming the set and where it came from. Some empty rows are fine.
+void require_anchor_candidates(const Config& c, const Dataset& d, const char* set,
+                               const char* key) {
+  const int64_t N = d.size(), S = d.loss_mask.defined() ? d.loss_mask.size(1) : 0;
+  if (N == 0) return;
+  if (S >= 2) {
+    const at::Tensor m = d.loss_mask.to(at::kBool);
+    if ((m.narrow(1, 0, S - 1) & m.narrow(1, 1, S - 1)).any().item<bool>()) return;
+  }
+  throw DataError(fmt::format(
+      "{}: loss_mask: every one of its {} rows has no two consecutive loss_mask ones within "
+      "data.seq_len = {}, so no position can be an anchor: the {} ({}) {}",
+      d.label, N, c.data.seq_len, set, key,
+      std::string(set) == "held-out set" ? "has nothing to measure"
+                                         : "would train nothing (loss 0, gradient norm 0)"));
+}
+
+// The config's inline rows (data.source = "inline"), held to the same rule.
+void require_inline_candidates(const Config& c) {
+  Dataset d;
+  d.label = c.path;
+  const int64_t N = int64_t(c.data.loss_mask.size());
+  d.loss_mask = at::zeros({N, c.data.seq_len}, at::kBool);
+  d.input_ids = at::zeros({N, 1}, at::kLong);
+  for (int64_t r = 0; r < N; ++r)
+    for (int64_t t = 0; t < std::min<int64_t>(c.data.seq_len, c.data.loss_mask[r].size()); ++t)
+      d.loss_mask[r][t] = c.data.loss_mask[r][t] != 0;
+  require_anchor_candidates(c, d, "inline batch", "data.loss_mask");
+}
+
 Dataset read_source(const Config& c, const std::string& path) {
   if (c.data.source == "jsonl") return read_jsonl(c, path);
   return read_shards(c, path);
@@ -273,7 +306,9 @@ Dataset self_distill(const Config& c, const TargetWeights& target, int64_t count
   return d;
 }
 
-DataSplit load_data(const Config& c, const TargetWeights* target) {
+namespace {
+
+DataSplit load_sets(const Config& c, const TargetWeights* target) {
   const DataConfig& dc = c.data;
   DataSplit s;
   if (dc.source == "fixture" || dc.source == "inline") return s;
@@ -317,6 +352,17 @@ DataSplit load_data(const Config& c, const TargetWeights* target) {
     s.eval = read_source(c, dc.eval_path);
   else if (dc.eval_samples > 0)
     s.eval = holdout_tail(s.train, dc.eval_samples);
+  return s;
+}
+
+}  // namespace
+
+DataSplit load_data(const Config& c, const TargetWeights* target) {
+  if (c.data.source == "inline") require_inline_candidates(c);
+  DataSplit s = load_sets(c, target);
+  require_anchor_candidates(c, s.train, "training set", "data.path");
+  require_anchor_candidates(c, s.eval, "held-out set",
+                            c.data.eval_path.empty() ? "data.eval_samples" : "data.eval_path");
   return s;
 }
 

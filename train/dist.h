@@ -17,9 +17,9 @@
 #include <memory>
 #include <string>
 #include <thread>
-#include <utility>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
+#include <utility>
 #include <vector>
 
 #include "core/config.h"

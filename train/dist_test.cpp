@@ -92,11 +92,15 @@ TEST(DistZoo, PerRankNormalisationIsKilled) {
 }
 
 TEST(DistFaults, DeadRankEndsTheRunAndIsNamed) {
-  const Shell r =
-      sh(dflash() + " launch --nproc 3 -- train --skip-preflight --out-dir " + run_dir() +
-         " --config " + cfg("dist-1x2.toml") + " --steps 3 --fault rank=2,step=1,mode=exit");
+  const Shell r = sh(
+      dflash() + " launch --nproc 3 --grace 60 -- train --skip-preflight --out-dir " + run_dir() +
+      " --config " + cfg("dist-1x2.toml") + " --steps 3 --fault rank=2,step=1,mode=exit");
   EXPECT_EQ(r.code, 17) << r.out;  // the failing rank's exit code
   EXPECT_NE(r.out.find("rank 2 exited with code 17"), std::string::npos) << r.out;
+  // The launcher's SIGTERM ends the others at once: their stop handlers do
+  // not take it for a stop request (which would wait for timeout_s, 20 s,
+  // or the grace, 60 s).
+  EXPECT_LT(r.seconds, 15.0) << r.out;
 }
 
 TEST(DistFaults, HungRankIsNamedByTheOthersWithinTheTimeout) {
@@ -140,13 +144,17 @@ TEST(DistSignals, SigtermToTheLauncherCheckpointsAndResumeIsBitExact) {
   };
   const Shell clean = launch("", run_dir(), tmp / "clean.st", "");
   ASSERT_EQ(clean.code, 0) << clean.out;
-  const Shell stopped = launch("DFLASH_TEST_SIGNAL_LAUNCHER_IN_STEP=2", dir, tmp / "resumed.st", "");
+  const Shell stopped =
+      launch("DFLASH_TEST_SIGNAL_LAUNCHER_IN_STEP=2", dir, tmp / "resumed.st", "");
   EXPECT_EQ(stopped.code, 143) << stopped.out;
   EXPECT_NE(stopped.out.find("stopped by SIGTERM"), std::string::npos) << stopped.out;
   EXPECT_NE(stopped.out.find("-- train --skip-preflight --out-dir " + dir), std::string::npos)
       << stopped.out;
   EXPECT_NE(stopped.out.find(" --resume\n"), std::string::npos) << stopped.out;
   EXPECT_EQ(stopped.out.find("stopping the other ranks"), std::string::npos) << stopped.out;
+  EXPECT_NE(stopped.out.find("target rank 0: stopped by SIGTERM with the drafters"),
+            std::string::npos)
+      << stopped.out;
   EXPECT_LT(stopped.seconds, clean.seconds + 10.0)  // timeout_s is 20
       << "a rank waited for a timeout (uninterrupted run: " << clean.seconds << " s)";
   const bool at2 = fs::exists(dir + "/checkpoints/step-000002/model.safetensors");
@@ -166,10 +174,9 @@ TEST(DistSignals, SigtermToTheLauncherCheckpointsAndResumeIsBitExact) {
 // process groups of their own) stops the same way, with 130.
 TEST(DistSignals, SigintToTheLauncherStopsEveryRankWith130) {
   const std::string dir = run_dir();
-  const Shell r =
-      sh("DFLASH_TEST_SIGNAL_LAUNCHER_IN_STEP=1,int " + dflash() +
-         " launch --nproc 3 -- train --skip-preflight --out-dir " + dir + " --config " +
-         cfg("dist-1x2.toml") + " --steps 4");
+  const Shell r = sh("DFLASH_TEST_SIGNAL_LAUNCHER_IN_STEP=1,int " + dflash() +
+                     " launch --nproc 3 -- train --skip-preflight --out-dir " + dir + " --config " +
+                     cfg("dist-1x2.toml") + " --steps 4");
   EXPECT_EQ(r.code, 130) << r.out;
   EXPECT_NE(r.out.find("stopped by SIGINT"), std::string::npos) << r.out;
   EXPECT_TRUE(fs::exists(dir + "/checkpoints/step-000001") ||

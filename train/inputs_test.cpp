@@ -176,6 +176,32 @@ TEST(DataBadInput, LossMaskLengthDiffers) {
   expect_error([&] { read_jsonl(c, c.data.path); }, {"d.jsonl:1", "loss_mask", "3 entries"});
 }
 
+// Issue 36: a set in which no row has two consecutive loss_mask ones (no
+// anchor candidate) trains to loss 0 and exits 0; load_data refuses it,
+// naming the file. One usable row is enough.
+TEST(DataBadInput, NoAnchorCandidateIsRefusedNamingTheFile) {
+  TmpDir tmp;
+  const std::string empty = R"({"input_ids": [1, 2, 3], "loss_mask": [0, 0, 0]})"
+                            "\n"
+                            R"({"input_ids": [1, 2, 3, 4], "loss_mask": [1, 0, 1, 0]})"
+                            "\n";
+  std::ofstream(tmp / "zero.jsonl") << empty;
+  Config c = data_config("jsonl", tmp / "zero.jsonl");
+  c.data.eval_samples = 0;
+  expect_error([&] { load_data(c, nullptr); },
+               {tmp / "zero.jsonl: loss_mask: every one of its 2 rows",
+                "no two consecutive loss_mask ones", "training set (data.path)"});
+  std::ofstream(tmp / "one.jsonl") << R"({"input_ids": [1, 2, 3], "loss_mask": [0, 1, 1]})"
+                                   << "\n"
+                                   << empty;
+  c.data.path = tmp / "one.jsonl";
+  EXPECT_EQ(load_data(c, nullptr).train.size(), 3);
+  // The held-out tail (its last two rows) is held to the same rule.
+  c.data.eval_samples = 2;
+  expect_error([&] { load_data(c, nullptr); },
+               {"one.jsonl (held out): loss_mask", "held-out set (data.eval_samples)"});
+}
+
 TEST(DataBadInput, MissingDataShard) {
   TmpDir tmp;
   fs::create_directories(tmp / "shards");
