@@ -31,17 +31,18 @@ struct Need {
 
 Need need_of(const Config& c, Workload w, const Where& where) {
   const std::vector<Estimate> es = estimate_memory(c, w, where);
-  if (es.size() == 1) return {es[0].bytes, es[0].line()};
+  if (es.size() == 1) return {es[0].peak, es[0].line()};
   const bool one_host = where.device == "cpu";
   Need n;
   const Estimate* worst = &es.front();
-  for (const Estimate& e : es) {
-    if (e.bytes > worst->bytes) worst = &e;
-    n.bytes = one_host ? n.bytes + e.bytes : std::max(n.bytes, e.bytes);
+  for (const Estimate& r : es) {
+    if (r.peak > worst->peak) worst = &r;
+    n.bytes = one_host ? n.bytes + r.peak : std::max(n.bytes, r.peak);
   }
-  if (!one_host) return {n.bytes, "the largest of " + std::to_string(es.size()) + " ranks, " + worst->line()};
+  if (!one_host)
+    return {n.bytes, fmt::format("the largest of {} ranks, {}", es.size(), worst->line())};
   n.what = fmt::format("{:.2f} GB, the sum of {} ranks on this host", n.bytes / 1e9, es.size());
-  for (const Estimate& e : es) n.what += "; " + e.line();
+  for (const Estimate& r : es) n.what += "; " + r.line();
   return n;
 }
 
@@ -64,9 +65,8 @@ MemoryBudget memory_budget(const Config& c, Workload w, const Where& where, doub
   b.need = n.bytes;
   b.have = std::max(0.0, capacity - reserve);
   b.fits = b.need <= b.have;
-  b.text = fmt::format(
-      "needs an estimated {}; offered {} ({} minus topology.memory_reserve_gb {})", n.what,
-      gb(b.have), gb(capacity), gb(reserve));
+  b.text = fmt::format("needs an estimated {}; offered {} ({} minus topology.memory_reserve_gb {})",
+                       n.what, gb(b.have), gb(capacity), gb(reserve));
   return b;
 }
 

@@ -28,11 +28,15 @@ nlohmann::json print_estimates(const Config& c, bool all_ranks) {
     for (const Estimate& e : estimate_memory(c, w, where)) {
       nlohmann::json parts = nlohmann::json::object();
       for (const EstimatePart& p : e.parts) parts[p.label] = p.bytes;
-      out.push_back({{"workload", e.workload}, {"who", e.who},     {"where", e.where},
-                     {"bytes", e.bytes},       {"moment", e.moment}, {"parts", parts},
+      out.push_back({{"workload", e.workload},
+                     {"who", e.who},
+                     {"where", e.where},
+                     {"bytes", e.peak},
+                     {"moment", e.moment},
+                     {"parts", parts},
                      {"line", e.line()}});
       // Ranks of one role with the same figure print once unless --all-ranks.
-      const std::string key = e.who.substr(e.who.find('(')) + fmt::format("{}", e.bytes);
+      const std::string key = e.who.substr(e.who.find('(')) + fmt::format("{}", e.peak);
       if (all_ranks || key != last) fmt::print("  {}\n", e.line());
       last = key;
     }

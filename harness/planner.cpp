@@ -341,8 +341,8 @@ std::string workload_label(const Config& c, Workload w) {
   const std::string v = variant_text(workload_variant(c, w));
   switch (w) {
     case Workload::kPlannedRun:
-      return fmt::format("the training run (optimized step: {}; AdamW state; tiled target attention)",
-                         v);
+      return fmt::format(
+          "the training run (optimized step: {}; AdamW state; tiled target attention)", v);
     case Workload::kTrain:
       return fmt::format("dflash train (optimized step: {}; AdamW state; dense target attention)",
                          v);
@@ -369,8 +369,8 @@ Where where_it_runs(const Config& c) {
 }
 
 std::string Estimate::line() const {
-  std::string s = fmt::format("{}, {} on {}: {:.2f} GB at {} =", workload, who, where, bytes / 1e9,
-                              moment);
+  std::string s =
+      fmt::format("{}, {} on {}: {:.2f} GB at {} =", workload, who, where, peak / 1e9, moment);
   for (size_t i = 0; i < parts.size(); ++i)
     s += fmt::format("{} {:.2f} GB {}", i ? " +" : "", parts[i].bytes / 1e9, parts[i].label);
   return s;
@@ -407,7 +407,7 @@ Estimate estimate_of(const RankPlan& r, int64_t layers, const std::string& workl
                            [&](const EstimatePart& p) { return p.label == label; });
     if (it == e.parts.end()) it = e.parts.insert(e.parts.end(), {label, 0});
     it->bytes += counted;
-    e.bytes += counted;
+    e.peak += counted;
   }
   return e;
 }
@@ -432,8 +432,8 @@ std::vector<Estimate> estimate_memory(const Config& c, Workload w, const Where& 
                              /*dense_target_attention=*/w != Workload::kPlannedRun);
   std::vector<Estimate> out;
   for (const RankPlan& r : p.ranks) {
-    const std::string who = run ? fmt::format("rank {} ({})", r.rank, r.role)
-                                : fmt::format("one process ({})", r.role);
+    const std::string who =
+        run ? fmt::format("rank {} ({})", r.rank, r.role) : fmt::format("one process ({})", r.role);
     out.push_back(estimate_of(r, c.drafter.num_hidden_layers, label, who, where.label));
   }
   return out;

@@ -124,7 +124,7 @@ struct Estimate {
   std::string who;       // "rank 0 (target+drafter)" or "one process (target+drafter)"
   std::string where;     // Where::label
   std::string moment;    // the moment of the peak: "backward" or "forward end"
-  double bytes = 0;      // the peak; the parts sum to it
+  double peak = 0;       // bytes; the parts sum to it
   std::vector<EstimatePart> parts;
   // "<workload>, <who> on <where>: 41.91 GB at backward = 16.38 GB target weights + ..."
   std::string line() const;

@@ -290,7 +290,7 @@ int train_drafter_rank(const Config& c, const TrainOptions& o, dist::Cluster& cl
     const bool bad = !finite_step(m, w);
     const int asked = o.stop_on_signal ? detail::stop_requested() : 0;
     at::Tensor sums = at::tensor({m.num, m.den, m.accept, m.kept, bad ? 1.0 : 0.0,
-                                  0.0, asked == SIGINT ? 1.0 : 0.0},
+                                  asked != 0 ? 1.0 : 0.0, asked == SIGINT ? 1.0 : 0.0},
                                  at::kDouble);
     allreduce_step(cl, w, sums);
     if (sums[4].item<double>() > 0) {  // every drafter sees it: all stop, the culprits dump
