@@ -55,17 +55,19 @@ std::vector<Comparison> structure(const StepDump& d, const TensorMap& shapes, bo
     bad.push_back(failed(n, "unknown tensor (not input.*, a weight, output.* or grad.*)"));
   for (const auto& [name, t] : d.recorded) {
     if (frozen.count(name)) {
-      bad.push_back(failed(name, "a frozen weight has a gradient (SPEC: the borrowed embedding "
-                                 "and LM head get none)"));
+      bad.push_back(failed(name,
+                           "a frozen weight has a gradient (SPEC: the borrowed embedding "
+                           "and LM head get none)"));
     } else if (!shapes.count(name) && !trainable.count(name)) {
-      bad.push_back(failed(name, name.rfind("grad.", 0) == 0
-                                     ? "gradient of no trainable parameter"
-                                     : "unknown output (see output_tensors in harness/step_dump.h)"));
+      bad.push_back(
+          failed(name, name.rfind("grad.", 0) == 0
+                           ? "gradient of no trainable parameter"
+                           : "unknown output (see output_tensors in harness/step_dump.h)"));
     }
   }
   for (const auto& [name, ref] : shapes) {
-    const bool optional = !all_outputs && name.rfind("grad.", 0) != 0 &&
-                          name != "output.loss" && name != "output.student_hidden";
+    const bool optional = !all_outputs && name.rfind("grad.", 0) != 0 && name != "output.loss" &&
+                          name != "output.student_hidden";
     auto it = d.recorded.find(name);
     if (it == d.recorded.end()) {
       if (!optional) bad.push_back(failed(name, "missing: the dump records no such tensor"));
@@ -73,11 +75,12 @@ std::vector<Comparison> structure(const StepDump& d, const TensorMap& shapes, bo
     }
     const at::Tensor& t = it->second;
     if (t.sizes() != ref.sizes()) {
-      bad.push_back(failed(name, fmt::format("shape ({}), expected ({})", fmt::join(t.sizes(), ", "),
-                                             fmt::join(ref.sizes(), ", "))));
+      bad.push_back(
+          failed(name, fmt::format("shape ({}), expected ({})", fmt::join(t.sizes(), ", "),
+                                   fmt::join(ref.sizes(), ", "))));
     } else if (!at::isFloatingType(t.scalar_type())) {
-      bad.push_back(failed(name, fmt::format("dtype {}, expected a floating dtype",
-                                             at::toString(t.scalar_type()))));
+      bad.push_back(failed(
+          name, fmt::format("dtype {}, expected a floating dtype", at::toString(t.scalar_type()))));
     } else if (const std::string nf = non_finite(t); !nf.empty()) {
       bad.push_back(failed(name, nf));
     } else {
@@ -153,9 +156,10 @@ Comparison metric(const std::string& name, const at::Tensor& rec, const at::Tens
   c.worst_reference = ref.to(at::kDouble).reshape(-1)[c.worst_index].item<double>();
   c.ok = (d <= s).all().item<bool>();
   if (!c.ok)
-    c.message = fmt::format("differs by {:.6g} where near ties allow {:.6g} (index {}: {:.6g} vs "
-                            "{:.6g})",
-                            c.err, c.bound, c.worst_index, c.worst_candidate, c.worst_reference);
+    c.message = fmt::format(
+        "differs by {:.6g} where near ties allow {:.6g} (index {}: {:.6g} vs "
+        "{:.6g})",
+        c.err, c.bound, c.worst_index, c.worst_candidate, c.worst_reference);
   return c;
 }
 
@@ -171,8 +175,9 @@ void compare_by_tolerance(const StepDump& d, const std::vector<std::string>& nam
   } else {
     same.push_back(by_name(run_case(reference::drafter_step, as_dtype(c64, d.config.run.dtype))));
     for (uint64_t k = 1; k <= 2; ++k)
-      same.push_back(by_name(run_case(reference::drafter_step,
-                                      as_dtype(perturbed(c64, rule.rounding, k), d.config.run.dtype))));
+      same.push_back(
+          by_name(run_case(reference::drafter_step,
+                           as_dtype(perturbed(c64, rule.rounding, k), d.config.run.dtype))));
   }
   const TensorMap ref = by_name(r64);
   // TV's sign ambiguity (harness/parity.h), judged from the dump's own
@@ -214,7 +219,8 @@ DumpCheck check_step_dump(const StepDump& d, const StepResult& recomputed, DumpM
   out.report.rows = structure(d, now, mode == DumpMode::kBitwise, names);
   if (mode == DumpMode::kBitwise) {
     out.mode = "bit for bit (dflash's own dump, recomputed by the same build)";
-    for (const std::string& n : names) out.report.rows.push_back(bitwise(n, d.recorded.at(n), now.at(n)));
+    for (const std::string& n : names)
+      out.report.rows.push_back(bitwise(n, d.recorded.at(n), now.at(n)));
   } else {
     compare_by_tolerance(d, names, out.report, out.mode);
   }

@@ -26,8 +26,8 @@ DumpMode parse_dump_mode(const std::string& s);  // "auto" | "bitwise" | "tolera
 
 struct DumpCheck {
   std::string file;
-  std::string mode;          // "bit for bit" or "error ratio (<dtype> rule: ...)"
-  ComparisonReport report;   // one row per expected or recorded tensor
+  std::string mode;         // "bit for bit" or "error ratio (<dtype> rule: ...)"
+  ComparisonReport report;  // one row per expected or recorded tensor
   bool ok() const { return report.ok(); }
   // The rows worst first (failures, then by error ratio), at most `rows`,
   // then one "FILE: tensor 'NAME': ..." line per failure.

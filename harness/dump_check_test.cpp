@@ -39,7 +39,8 @@ Checked dump_and_check(const TmpDir& tmp, DType dtype, const Tamper& tamper, Dum
   tamper(f.tensors, f.metadata);
   safetensors::write(path, f.tensors, f.metadata);
   StepDump d = read_step_dump(path);
-  const StepResult again = run_step(reference::drafter_step, d.config, d.drafter, d.frozen, d.inputs);
+  const StepResult again =
+      run_step(reference::drafter_step, d.config, d.drafter, d.frozen, d.inputs);
   return {path, check_step_dump(d, again, mode)};
 }
 
@@ -71,8 +72,8 @@ const std::vector<DumpMode> kModes = {DumpMode::kBitwise, DumpMode::kTolerance};
 TEST(DumpCheck, UntamperedOwnDumpIsBitForBitInEveryDtype) {
   TmpDir tmp;
   for (DType dt : {DType::kFloat64, DType::kFloat32, DType::kBFloat16}) {
-    const Checked k = dump_and_check(tmp, dt, [](NamedTensors&, safetensors::Metadata&) {},
-                                     DumpMode::kAuto);
+    const Checked k = dump_and_check(
+        tmp, dt, [](NamedTensors&, safetensors::Metadata&) {}, DumpMode::kAuto);
     EXPECT_TRUE(k.check.ok()) << k.check.format();
     EXPECT_NE(k.check.mode.find("bit for bit"), std::string::npos);
     // every output and every trainable gradient is a row
@@ -155,7 +156,8 @@ TEST(DumpCheck, GradientOfAFrozenWeightFails) {
     const Checked k = dump_and_check(
         tmp, DType::kFloat32,
         [](NamedTensors& t, safetensors::Metadata&) {
-          t.emplace_back("grad.embed_tokens.weight", at::zeros_like(find(t, "embed_tokens.weight")));
+          t.emplace_back("grad.embed_tokens.weight",
+                         at::zeros_like(find(t, "embed_tokens.weight")));
         },
         m);
     expect_caught(k, "grad.embed_tokens.weight", "frozen weight has a gradient");

@@ -6,11 +6,10 @@
 // (harness/oracle_property.h, also `dflash parity`'s parity.spec_oracle).
 // A mistake in code both builds share (layout, norms, RoPE, attention, MLP,
 // fc, loss, metrics) fails here although parity passes.
-#include "harness/oracle_property.h"
-
 #include <gtest/gtest.h>
 
 #include "fixtures/fixtures.h"
+#include "harness/oracle_property.h"
 #include "reference/step.h"
 
 namespace dflash::harness {

@@ -168,7 +168,7 @@ void install_stop_handlers() {
 
 namespace {
 extern "C" void on_rank_stop_signal(int sig, siginfo_t* info, void*) {
-  if (info && info->si_code == SI_QUEUE && info->si_value.sival_int == kEndRankNow + 1) {
+  if (info && info->si_code == SI_QUEUE && info->si_value.sival_int == kEndRankNow) {
     signal(sig, SIG_DFL);  // blocked until the handler returns, then ends the rank
     raise(sig);
     return;
