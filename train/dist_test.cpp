@@ -98,8 +98,10 @@ TEST(DistFaults, DeadRankEndsTheRunAndIsNamed) {
   EXPECT_EQ(r.code, 17) << r.out;  // the failing rank's exit code
   EXPECT_NE(r.out.find("rank 2 exited with code 17"), std::string::npos) << r.out;
   // The launcher's SIGTERM ends the others at once: their stop handlers do
-  // not take it for a stop request (which would wait for timeout_s, 20 s,
-  // or the grace, 60 s).
+  // not take it for a stop request (then they would run into the dead rank
+  // themselves and report it after sampling the heartbeats, or wait for
+  // timeout_s, 20 s, or the grace, 60 s).
+  EXPECT_EQ(r.out.find("heartbeats:"), std::string::npos) << r.out;
   EXPECT_LT(r.seconds, 15.0) << r.out;
 }
 

@@ -252,9 +252,8 @@ int agreed_stop(const at::Tensor& sums) {
 
 // Every drafter after the agreed step S - 1: rank 0 announces the stop to the
 // target ranks and checkpoints; all drain what the targets already sent.
-void stop_drafter(const Config& c, const TrainOptions& o, dist::Cluster& cl, int64_t D,
-                  int64_t S, int sig, const DrafterWeights& w, const AdamW& opt,
-                  const c10::Device& device) {
+void stop_drafter(const Config& c, const TrainOptions& o, dist::Cluster& cl, int64_t D, int64_t S,
+                  int sig, const DrafterWeights& w, const AdamW& opt, const c10::Device& device) {
   if (cl.drafter_index() == 0) {
     cl.announce_stop(sig);
     if (o.hooks.at_stop) o.hooks.at_stop(w, opt, sig);
@@ -303,8 +302,8 @@ int train_drafter_rank(const Config& c, const TrainOptions& o, dist::Cluster& cl
     scale_grads(w, o.per_rank_normalisation ? double(D) : den);
     const AdamW::Stats s = opt.step();
     if (reporter) {
-      log.push_back(log_line(t, num, den, s, sums[2].item<double>(), sums[3].item<double>(),
-                             waited, now() - t0, !o.hooks.after_step));
+      log.push_back(log_line(t, num, den, s, sums[2].item<double>(), sums[3].item<double>(), waited,
+                             now() - t0, !o.hooks.after_step));
       if (o.hooks.after_step) o.hooks.after_step(log.back(), w, opt);
     }
     if (const int sig = agreed_stop(sums); sig != 0 && t + 1 < o.steps) {
