@@ -7,7 +7,10 @@
 // Relative error of an entry: |analytic - numeric| / max(|analytic|, |numeric|,
 // floor), floor = rel_floor * (largest |analytic| entry of that parameter), so
 // entries whose true gradient is ~0 are judged against the tensor's scale
-// instead of dividing round-off by zero.
+// instead of dividing round-off by zero. The numerator is what the difference
+// exceeds rounding by: |analytic - numeric| less 1.5 * 64 ulp * |loss| / h,
+// the most that a few dozen ulps of error in each loss value can move the
+// difference at the step h it settled on.
 #pragma once
 
 #include <ATen/ATen.h>
