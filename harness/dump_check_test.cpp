@@ -64,7 +64,9 @@ void expect_caught(const Checked& k, const std::string& tensor, const std::strin
   const std::string text = k.check.format();
   EXPECT_FALSE(k.check.ok()) << text;
   EXPECT_NE(text.find(k.path + ": tensor '" + tensor + "'"), std::string::npos) << text;
-  if (!words.empty()) EXPECT_NE(text.find(words), std::string::npos) << text;
+  if (!words.empty()) {
+    EXPECT_NE(text.find(words), std::string::npos) << text;
+  }
 }
 
 const std::vector<DumpMode> kModes = {DumpMode::kBitwise, DumpMode::kTolerance};
@@ -90,93 +92,75 @@ TEST(DumpCheck, ForeignDumpIsJudgedByTheErrorRatioInItsDtype) {
   }
 }
 
-TEST(DumpCheck, DoubledGradientFails) {
+// Each tampering of issue 36's list, one row: what is done to the dump, the
+// tensors the failure must name and words the message must hold. Every row
+// fails in both modes (a frozen weight's gradient or a NaN is never within a
+// tolerance).
+struct TamperCase {
+  const char* name;
+  Tamper tamper;
+  std::vector<std::string> tensors;
+  std::string words;
+};
+
+const TamperCase kTamperings[] = {
+    {"DoubledGradient",
+     [](NamedTensors& t, safetensors::Metadata&) {
+       find(t, "grad.layers.0.mlp.up_proj.weight").mul_(2);
+     },
+     {"grad.layers.0.mlp.up_proj.weight"},
+     "max |difference|"},
+    {"NanInAGradient",
+     [](NamedTensors& t, safetensors::Metadata&) {
+       find(t, "grad.fc.weight").view(-1)[3] = std::nan("");
+     },
+     {"grad.fc.weight"},
+     "1 NaN"},
+    {"MissingGradient",
+     [](NamedTensors& t, safetensors::Metadata&) {
+       erase_if(t, [](const std::string& n) { return n == "grad.norm.weight"; });
+     },
+     {"grad.norm.weight"},
+     "missing"},
+    {"EveryGradientMissing",
+     [](NamedTensors& t, safetensors::Metadata&) {
+       erase_if(t, [](const std::string& n) { return n.rfind("grad.", 0) == 0; });
+     },
+     {"grad.fc.weight", "grad.layers.1.mlp.down_proj.weight"},
+     "missing"},
+    {"ChangedStudentHidden",
+     [](NamedTensors& t, safetensors::Metadata&) {
+       find(t, "output.student_hidden").view(-1)[5] += 0.25;
+     },
+     {"output.student_hidden"},
+     ""},
+    {"GradientOfAFrozenWeight",
+     [](NamedTensors& t, safetensors::Metadata&) {
+       t.emplace_back("grad.embed_tokens.weight", at::zeros_like(find(t, "embed_tokens.weight")));
+     },
+     {"grad.embed_tokens.weight"},
+     "frozen weight has a gradient"},
+    {"TransposedGradientIsAShapeError",
+     [](NamedTensors& t, safetensors::Metadata&) {
+       at::Tensor& g = find(t, "grad.layers.0.mlp.down_proj.weight");
+       g = g.t().contiguous();
+     },
+     {"grad.layers.0.mlp.down_proj.weight"},
+     "shape"},
+};
+
+class Tampered : public testing::TestWithParam<TamperCase> {};
+
+TEST_P(Tampered, FailsInBothModesNamingTheTensorAndTheFile) {
   TmpDir tmp;
   for (DumpMode m : kModes) {
-    const Checked k = dump_and_check(
-        tmp, DType::kFloat32,
-        [](NamedTensors& t, safetensors::Metadata&) {
-          find(t, "grad.layers.0.mlp.up_proj.weight").mul_(2);
-        },
-        m);
-    expect_caught(k, "grad.layers.0.mlp.up_proj.weight", "max |difference|");
+    const Checked k = dump_and_check(tmp, DType::kFloat32, GetParam().tamper, m);
+    for (const std::string& tensor : GetParam().tensors) expect_caught(k, tensor, GetParam().words);
   }
 }
 
-TEST(DumpCheck, NanInAGradientFails) {
-  TmpDir tmp;
-  for (DumpMode m : kModes) {
-    const Checked k = dump_and_check(
-        tmp, DType::kFloat32,
-        [](NamedTensors& t, safetensors::Metadata&) {
-          find(t, "grad.fc.weight").view(-1)[3] = std::nan("");
-        },
-        m);
-    expect_caught(k, "grad.fc.weight", "1 NaN");
-  }
-}
-
-TEST(DumpCheck, MissingGradientFails) {
-  TmpDir tmp;
-  for (DumpMode m : kModes) {
-    expect_caught(dump_and_check(
-                      tmp, DType::kFloat32,
-                      [](NamedTensors& t, safetensors::Metadata&) {
-                        erase_if(t, [](const std::string& n) { return n == "grad.norm.weight"; });
-                      },
-                      m),
-                  "grad.norm.weight", "missing");
-    const Checked none = dump_and_check(
-        tmp, DType::kFloat32,
-        [](NamedTensors& t, safetensors::Metadata&) {
-          erase_if(t, [](const std::string& n) { return n.rfind("grad.", 0) == 0; });
-        },
-        m);
-    expect_caught(none, "grad.fc.weight", "missing");
-    expect_caught(none, "grad.layers.1.mlp.down_proj.weight", "missing");
-  }
-}
-
-TEST(DumpCheck, ChangedStudentHiddenFails) {
-  TmpDir tmp;
-  for (DumpMode m : kModes) {
-    const Checked k = dump_and_check(
-        tmp, DType::kFloat32,
-        [](NamedTensors& t, safetensors::Metadata&) {
-          find(t, "output.student_hidden").view(-1)[5] += 0.25;
-        },
-        m);
-    expect_caught(k, "output.student_hidden");
-  }
-}
-
-TEST(DumpCheck, GradientOfAFrozenWeightFails) {
-  TmpDir tmp;
-  for (DumpMode m : kModes) {
-    const Checked k = dump_and_check(
-        tmp, DType::kFloat32,
-        [](NamedTensors& t, safetensors::Metadata&) {
-          t.emplace_back("grad.embed_tokens.weight",
-                         at::zeros_like(find(t, "embed_tokens.weight")));
-        },
-        m);
-    expect_caught(k, "grad.embed_tokens.weight", "frozen weight has a gradient");
-  }
-}
-
-TEST(DumpCheck, TransposedGradientIsAShapeErrorNamingTheTensor) {
-  TmpDir tmp;
-  for (DumpMode m : kModes) {
-    const Checked k = dump_and_check(
-        tmp, DType::kFloat32,
-        [](NamedTensors& t, safetensors::Metadata&) {
-          at::Tensor& g = find(t, "grad.layers.0.mlp.down_proj.weight");
-          g = g.t().contiguous();
-        },
-        m);
-    expect_caught(k, "grad.layers.0.mlp.down_proj.weight", "shape");
-  }
-}
+INSTANTIATE_TEST_SUITE_P(DumpCheck, Tampered, testing::ValuesIn(kTamperings),
+                         [](const auto& info) { return std::string(info.param.name); });
 
 TEST(DumpCheck, UnknownTensorFails) {
   TmpDir tmp;
