@@ -75,6 +75,17 @@ double roundoff(double loss_value, double h) {
   return 1.5 * kUlps * std::numeric_limits<double>::epsilon() * std::abs(loss_value) / h;
 }
 
+// One entry: the central difference against the analytic value, less what
+// rounding explains, relative to the larger of the two or the floor.
+GradcheckEntry check_entry(const std::function<at::Tensor()>& loss, at::Tensor& flat, int64_t i,
+                           double analytic, double loss_value, const GradcheckOptions& opt,
+                           double floor) {
+  const Estimate est = numeric_derivative(loss, flat, i, opt, floor);
+  const double excess = std::max(0.0, std::abs(analytic - est.value) - roundoff(loss_value, est.h));
+  const double err = excess / std::max({std::abs(analytic), std::abs(est.value), floor});
+  return {"", i, analytic, est.value, err};
+}
+
 }  // namespace
 
 GradcheckReport gradcheck(const std::function<at::Tensor()>& loss, const NamedTensors& params,
@@ -100,13 +111,20 @@ GradcheckReport gradcheck(const std::function<at::Tensor()>& loss, const NamedTe
     at::Tensor flat = leaves[p].detach().view(-1);  // shares storage with the leaf
     GradcheckEntry worst{name, -1, 0, 0, -1};
     for (int64_t i : sample_indices(flat.numel(), opt.samples_per_tensor, rng)) {
-      const Estimate est = numeric_derivative(loss, flat, i, opt, floor);
-      const double num = est.value;
-      // The part of the difference rounding can explain is not an error.
-      const double excess = std::max(0.0, std::abs(ga[i] - num) - roundoff(loss_value, est.h));
-      const double err = excess / std::max({std::abs(ga[i]), std::abs(num), floor});
+      GradcheckEntry e = check_entry(loss, flat, i, ga[i], loss_value, opt, floor);
+      // A kink (TV's |p_s - p_t|) within the stencil's reach averages two
+      // slopes, and the step refinement can take that for round-off: a
+      // mismatch is measured again from a 100x smaller step, and the
+      // better of the two stands (a wrong gradient fails both).
+      if (e.rel_err > opt.tolerance) {
+        GradcheckOptions fine = opt;
+        fine.step = opt.step / 100;
+        const GradcheckEntry again = check_entry(loss, flat, i, ga[i], loss_value, fine, floor);
+        if (again.rel_err < e.rel_err) e = again;
+      }
+      e.name = name;
       ++rep.checked;
-      if (err > worst.rel_err) worst = {name, i, ga[i], num, err};
+      if (e.rel_err > worst.rel_err) worst = e;
     }
     rep.max_rel_err = std::max(rep.max_rel_err, worst.rel_err);
     if (worst.rel_err > opt.tolerance) rep.ok = false;
