@@ -93,6 +93,12 @@ add_test(NAME ci.mutant_finds_current
   COMMAND ${dflash_ci_python} ${PROJECT_SOURCE_DIR}/ci/mutants.py --check-finds
   WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
 set_tests_properties(ci.mutant_finds_current PROPERTIES LABELS quick)
+# The docs stand alone: docs/SPEC.md has every step that code and docs cite,
+# nothing points outside the clone, relative doc links resolve.
+add_test(NAME ci.docs_stand_alone
+  COMMAND ${dflash_ci_python} ${PROJECT_SOURCE_DIR}/ci/docs_check.py ${PROJECT_SOURCE_DIR}
+  WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+set_tests_properties(ci.docs_stand_alone PROPERTIES LABELS quick)
 # safetensors files written by the reference implementation (the `safetensors`
 # package in the torch environment) read by dflash, and the reverse.
 # The python of libtorch's own environment (a reconfigure finds torch through

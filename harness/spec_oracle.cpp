@@ -1,4 +1,4 @@
-// shared/SPEC.md, "One step", as loops over doubles. Step numbers below are
+// docs/SPEC.md, "One step", as loops over doubles. Step numbers below are
 // SPEC's. Nothing here calls into core/ or reference/ (see the header).
 #include "harness/spec_oracle.h"
 

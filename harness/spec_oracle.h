@@ -1,5 +1,5 @@
 // The SPEC oracle: a third implementation of one drafter step, written
-// straight from shared/SPEC.md in plain loops over doubles. It shares
+// straight from docs/SPEC.md in plain loops over doubles. It shares
 // nothing with core/ and reference/ but the Config struct: not the layout
 // (noise ids, positions, mask, labels, weights, teacher rows), not RMSNorm,
 // RoPE, attention, the MLP, the fc projection or the loss. Its gradients are
