@@ -41,6 +41,36 @@ case "$case_name" in
       "$dflash" "$sub" --help | grep -q -- "--config" || { echo "$sub --help lacks --config"; exit 1; }
     done
     ;;
+  face)
+    # What a user meets first: --version, a mistyped command, --set on every
+    # command that reads a config, defaults in --help, no test hooks there,
+    # no stray RapidCheck line.
+    "$dflash" --version | tee "$tmp/v.txt"
+    grep -qE "^dflash [0-9]+\.[0-9]+\.[0-9]+ \(libtorch $(cat cmake/TORCH_VERSION)" "$tmp/v.txt"
+    if "$dflash" stpe > /dev/null 2> "$tmp/typo.txt"; then echo "'dflash stpe' ran"; exit 1; fi
+    grep -q "unknown command 'stpe'; did you mean 'step'?" "$tmp/typo.txt"
+    for sub in step dump validate audit plan preflight train features; do
+      "$dflash" "$sub" --help | grep -q -- "--set" || { echo "$sub --help lacks --set"; exit 1; }
+      # an override is checked like the file: a misspelt key is refused, named
+      out=(); case $sub in dump | features) out=(--out "$tmp/o-$sub") ;; esac
+      if "$dflash" "$sub" --config "$tiny" --set loss.gama=1 "${out[@]}" > "$tmp/set.txt" 2>&1; then
+        echo "$sub accepted --set loss.gama=1"; exit 1
+      fi
+      grep -q "loss.gama" "$tmp/set.txt" || { cat "$tmp/set.txt"; echo "$sub: no loss.gama"; exit 1; }
+    done
+    "$dflash" validate --config "$tiny" --set loss.gamma=2.5 --print toml | grep -qx "gamma = 2.5"
+    "$dflash" plan --config "$tiny" > "$tmp/plan.txt"
+    "$dflash" plan --config "$tiny" --set data.batch_size=7 > "$tmp/plan7.txt"
+    if cmp -s "$tmp/plan.txt" "$tmp/plan7.txt"; then echo "plan ignored --set"; exit 1; fi
+    "$dflash" parity --help | grep -q -- "--cases INT=200"
+    "$dflash" train --help | grep -q -- "--steps INT=train.steps"
+    for hook in --test-poison-step --zoo-per-rank-normalisation --fault; do
+      if "$dflash" train --help | grep -q -- "$hook"; then echo "train --help shows $hook"; exit 1; fi
+    done
+    if "$dflash" preflight --help | grep -q -- "--mutant"; then echo "preflight shows --mutant"; exit 1; fi
+    "$dflash" parity --cases 2 --seed 3 --no-zoo > /dev/null 2> "$tmp/err.txt"
+    if grep -q "Using configuration" "$tmp/err.txt"; then echo "RapidCheck's line printed"; exit 1; fi
+    ;;
   bad_config)
     sed 's/^head_dim = 16/head_dim = 15/' "$tiny" > "$tmp/odd.toml"
     if "$dflash" step --config "$tmp/odd.toml" 2> "$tmp/err.txt"; then

@@ -101,7 +101,7 @@ int cmd_step(const StepArgs& a) {
     fmt::print("\n{}", check.format());
     return (a.check && !check.ok()) ? 1 : 0;
   }
-  Config c = load_config(a.config);
+  Config c = load_config(a.config, a.set);
   fixtures::require_fixture_sources(c, "dflash step --config");
   if (!a.device.empty()) {
     c.topology.device = a.device;
@@ -125,7 +125,7 @@ int cmd_step(const StepArgs& a) {
 }
 
 int cmd_dump(const DumpArgs& a) {
-  const Config c = load_config(a.config);
+  const Config c = load_config(a.config, a.set);
   fixtures::require_fixture_sources(c, "dflash dump");
   harness::guard_memory(c, harness::Workload::kReferenceStep, "dflash dump");
   configure_threads(a.threads >= 0 ? a.threads : c.run.threads);
@@ -139,7 +139,7 @@ int cmd_dump(const DumpArgs& a) {
 }
 
 int cmd_validate(const ValidateArgs& a) {
-  const Config c = load_config(a.config);
+  const Config c = load_config(a.config, a.set);
   if (a.print == "json")
     fmt::print("{}\n", config_to_json(c).dump(2));
   else if (a.print == "toml")
@@ -152,12 +152,13 @@ int cmd_validate(const ValidateArgs& a) {
 int cmd_bench(const BenchArgs& a) {
   if (a.dist) {
     // Inside launched ranks run the bench; otherwise launch the config's ranks.
-    if (dist::env_from_process().present) return train::run_dist_bench(a.dist_config);
-    const Config c = load_config(a.dist_config);
+    const Config c = load_config(a.dist_config, a.set);
+    if (dist::env_from_process().present) return train::run_dist_bench(c);
     harness::guard_memory(c, harness::Workload::kTrain, "dflash bench --dist");
     LaunchArgs l;
     l.nproc = c.topology.world_size;
     l.args = {"bench", "--dist", "--config", a.dist_config};
+    for (const std::string& kv : a.set) l.args.insert(l.args.end(), {"--set", kv});
     return cmd_launch(l);
   }
   configure_threads(a.threads);

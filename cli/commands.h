@@ -8,19 +8,21 @@
 namespace dflash::cli {
 
 struct StepArgs {
-  std::string config;    // --config: run one fixture step
-  std::string from;      // --from: recompute a dumped step
-  uint64_t step = 0;     // --step: which fixture step (batch and anchors)
-  int64_t threads = -1;  // --threads: overrides run.threads when >= 0
-  bool check = false;    // --check: with --from, exit 1 unless every recorded tensor agrees
-  std::string compare = "auto";     // --compare: auto | bitwise | tolerance (harness/dump_check.h)
+  std::string config;            // --config: run one fixture step
+  std::string from;              // --from: recompute a dumped step
+  uint64_t step = 0;             // --step: which fixture step (batch and anchors)
+  int64_t threads = -1;          // --threads: overrides run.threads when >= 0
+  bool check = false;            // --check: with --from, exit 1 unless every recorded tensor agrees
+  std::string compare = "auto";  // --compare: auto | bitwise | tolerance (harness/dump_check.h)
   std::string build = "reference";  // --build: reference | optimized
   std::string device;               // --device: overrides topology.device
+  std::vector<std::string> set;     // --set KEY=VALUE config overrides, in order
 };
 int cmd_step(const StepArgs& a);
 
 struct DumpArgs {
   std::string config, out;
+  std::vector<std::string> set;
   uint64_t step = 0;
   int64_t threads = -1;
 };
@@ -29,12 +31,14 @@ int cmd_dump(const DumpArgs& a);
 struct ValidateArgs {
   std::string config;
   std::string print;  // "", "toml" or "json"
+  std::vector<std::string> set;
 };
 int cmd_validate(const ValidateArgs& a);
 
 struct BenchArgs {
   bool dist = false;  // --dist: the target/drafter split's transfers and collectives
   std::string dist_config = "fixtures/configs/dist-1x2.toml";
+  std::vector<std::string> set;  // with --dist: overrides of dist_config
   std::vector<std::string> cases;
   bool quick = false;
   int repeats = 2;
@@ -68,5 +72,8 @@ struct EnvArgs {
   bool no_kernel = false;  // --no-kernel: skip the per-device probe kernel
 };
 int cmd_env(const EnvArgs& a);
+
+// "dflash 0.1.0 (libtorch 2.11.0, ...)": `dflash --version` (cli/version.cpp).
+std::string version_text();
 
 }  // namespace dflash::cli

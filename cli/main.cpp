@@ -3,14 +3,17 @@
 #include <c10/util/Exception.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "cli/commands.h"
+#include "core/config.h"
 #include "core/step.h"
 #include "harness/memory_guard.h"
 #include "harness/parity_run.h"
@@ -36,6 +39,18 @@ struct Subcommands {
   void add(CLI::App* sub, std::function<int()> run) { actions.emplace_back(sub, std::move(run)); }
 };
 
+// --set KEY=VALUE, the same on every command that reads a config.
+CLI::Option* add_set(CLI::App* sub, std::vector<std::string>& set, const std::string& more = "") {
+  return sub->add_option(
+      "--set", set,
+      "Override a config key, KEY=VALUE (repeatable; e.g. loss.weighting=dpace): "
+      "checked like the file" +
+          more);
+}
+
+// Options that only tests use stay out of the user's --help.
+CLI::Option* test_hook(CLI::Option* o) { return o->group(""); }
+
 void add_step(CLI::App& app, Subcommands& subs) {
   auto a = std::make_shared<StepArgs>();
   auto* s = app.add_subcommand("step",
@@ -46,8 +61,9 @@ void add_step(CLI::App& app, Subcommands& subs) {
   auto* from = s->add_option("--from", a->from, "Recompute the step stored in a dump (safetensors)")
                    ->check(CLI::ExistingFile);
   cfg->excludes(from);
+  add_set(s, a->set)->excludes(from);
   s->add_option("--step", a->step, "Fixture step index (selects batch and anchors)");
-  s->add_option("--threads", a->threads, "Intra-op threads (default: run.threads)");
+  s->add_option("--threads", a->threads, "Intra-op threads")->default_str("run.threads");
   s->add_option("--build", a->build, "Which build computes the step")
       ->check(CLI::IsMember({"reference", "optimized"}));
   s->add_flag("--check", a->check,
@@ -72,14 +88,16 @@ void add_dump_and_validate(CLI::App& app, Subcommands& subs) {
                                 "gradients, config) to a safetensors file");
   ds->add_option("--config", d->config, "Config TOML")->required()->check(CLI::ExistingFile);
   ds->add_option("--out", d->out, "Output .safetensors path")->required();
+  add_set(ds, d->set);
   ds->add_option("--step", d->step, "Fixture step index");
-  ds->add_option("--threads", d->threads, "Intra-op threads (default: run.threads)");
+  ds->add_option("--threads", d->threads, "Intra-op threads")->default_str("run.threads");
   subs.add(ds, [d] { return cmd_dump(*d); });
 
   auto v = std::make_shared<ValidateArgs>();
   auto* vs = app.add_subcommand(
       "validate", "Parse and validate a config; optionally print the resolved config");
   vs->add_option("--config", v->config, "Config TOML")->required()->check(CLI::ExistingFile);
+  add_set(vs, v->set);
   vs->add_option("--print", v->print, "Print the resolved config as toml or json")
       ->check(CLI::IsMember({"toml", "json"}));
   subs.add(vs, [v] { return cmd_validate(*v); });
@@ -97,7 +115,7 @@ void add_bench(CLI::App& app, Subcommands& subs) {
   b->add_flag("--quick", a->quick, "CI-sized inputs (seconds instead of minutes)");
   b->add_option("--repeats", a->repeats, "Runs per path; the best time is reported");
   b->add_option("--json", a->json, "Also write the results as JSON");
-  b->add_option("--threads", a->threads, "Intra-op threads (default: OMP_NUM_THREADS or cores)");
+  b->add_option("--threads", a->threads, "Intra-op threads (0: OMP_NUM_THREADS, else every core)");
   b->add_option("--device", a->device,
                 "cpu, cuda or cuda:N (CUDA: bf16 at the GPU sizes of docs/GPU.md unless --quick)");
   b->add_option("--kernels", a->kernels,
@@ -107,8 +125,8 @@ void add_bench(CLI::App& app, Subcommands& subs) {
               "Transfer throughput, all-reduce busbw and waiting fraction of "
               "the target/drafter split (launches the config's ranks)");
   b->add_option("--config", a->dist_config,
-                "With --dist: the topology to run (default "
-                "fixtures/configs/dist-1x2.toml)");
+                "With --dist: the topology to run");
+  add_set(b, a->set, " (with --dist; forwarded to every rank)");
   subs.add(b, [a] { return cmd_bench(*a); });
 }
 
@@ -118,10 +136,11 @@ void add_harness(CLI::App& app, Subcommands& subs) {
   auto* ps = app.add_subcommand("parity",
                                 "Gradient parity properties, the requires_grad audit, "
                                 "memory ceilings and the bug zoo; exit 1 on any failure");
-  ps->add_option("--cases", p->cases, "Cases per property (default 200)");
-  ps->add_option("--seed", p->seed, "RapidCheck seed (default 1)");
+  ps->add_option("--cases", p->cases, "Cases per property");
+  ps->add_option("--seed", p->seed, "RapidCheck seed");
   ps->add_option("--config", p->config, "Also audit this config (built at its own size)")
       ->check(CLI::ExistingFile);
+  add_set(ps, p->set, " (with --config)");
   ps->add_option("--reproduce", p->reproduce, "Replay one counterexample TOML")
       ->check(CLI::ExistingFile);
   ps->add_option("--json", p->json, "Write the report as JSON");
@@ -146,20 +165,26 @@ void add_harness(CLI::App& app, Subcommands& subs) {
     return harness::run_parity(*p);
   });
 
-  auto au = std::make_shared<std::pair<std::string, std::string>>("", "optimized");
+  struct AuditArgs {
+    std::string config, build = "optimized";
+    std::vector<std::string> set;
+  };
+  auto au = std::make_shared<AuditArgs>();
   auto* as = app.add_subcommand("audit", "The requires_grad / frozen-weight audit of one step");
-  as->add_option("--config", au->first, "Config TOML")->required()->check(CLI::ExistingFile);
-  as->add_option("--build", au->second, "reference or optimized")
+  as->add_option("--config", au->config, "Config TOML")->required()->check(CLI::ExistingFile);
+  add_set(as, au->set);
+  as->add_option("--build", au->build, "reference or optimized")
       ->check(CLI::IsMember({"reference", "optimized"}));
   subs.add(as, [au] {
     configure_threads(0);
-    return harness::run_audit(au->first, au->second);
+    return harness::run_audit(load_config(au->config, au->set), au->build);
   });
 }
 
 void add_plan_and_preflight(CLI::App& app, Subcommands& subs) {
   struct PlanArgs {
     std::string config, json;
+    std::vector<std::string> set;
     bool all = false;
   };
   auto pa = std::make_shared<PlanArgs>();
@@ -167,9 +192,11 @@ void add_plan_and_preflight(CLI::App& app, Subcommands& subs) {
                                 "Predict peak memory per rank, by component, and say OOM "
                                 "or fit for the config and its fallbacks");
   pl->add_option("--config", pa->config, "Config TOML")->required()->check(CLI::ExistingFile);
+  add_set(pl, pa->set);
   pl->add_flag("--all-ranks", pa->all, "Break down every rank of every variant");
   pl->add_option("--json", pa->json, "Write the plans as JSON");
-  subs.add(pl, [pa] { return harness::run_plan(pa->config, pa->all, pa->json); });
+  subs.add(pl,
+           [pa] { return harness::run_plan(load_config(pa->config, pa->set), pa->all, pa->json); });
 
   auto pre = std::make_shared<harness::PreflightOptions>();
   auto* pf = app.add_subcommand("preflight",
@@ -177,16 +204,16 @@ void add_plan_and_preflight(CLI::App& app, Subcommands& subs) {
                                 "audit and memory ceilings on a scaled twin, and run one "
                                 "real step if this machine can");
   pf->add_option("--config", pre->config, "Config TOML")->required()->check(CLI::ExistingFile);
-  pf->add_option("--set", pre->set,
-                 "Override a config key, KEY=VALUE (repeatable; e.g. loss.jsd_weight=1)");
+  add_set(pf, pre->set);
   pf->add_option("--json", pre->json, "Write the report as JSON");
-  pf->add_option("--cases", pre->cases, "Cases per parity property (default 100)");
-  pf->add_option("--seed", pre->seed, "Property seed (default 1)");
-  pf->add_option("--mutant", pre->mutant, "Test hook: replace a component by a bug-zoo mutant");
+  pf->add_option("--cases", pre->cases, "Cases per parity property");
+  pf->add_option("--seed", pre->seed, "Property seed");
+  test_hook(pf->add_option("--mutant", pre->mutant,
+                           "Test hook: replace a component by a bug-zoo mutant"));
   pf->add_option("--device", pre->device,
                  "Override topology.device (cpu, cuda, cuda:N): the config's run on that device");
   pf->add_option("--out-dir", pre->out_dir,
-                 "Where a failing twin-parity case is written (default: .)");
+                 "Where a failing twin-parity case is written");
   auto* env_file = pf->add_option("--env", pre->env_file,
                                   "Check the topology against this machine description "
                                   "(`dflash env --json` on that machine) instead of this one")
@@ -205,13 +232,15 @@ void add_train_and_launch(CLI::App& app, Subcommands& subs, LaunchArgs& launch) 
                                 "Run N local ranks (torchrun's environment) of a dflash "
                                 "subcommand: dflash launch --nproc N -- train --config C");
   la->add_option("--nproc", launch.nproc, "Number of ranks on this node")->required();
-  la->add_option("--nnodes", launch.nnodes, "Nodes in the run: one launcher per node (default 1)");
+  la->add_option("--nnodes", launch.nnodes, "Nodes in the run: one launcher per node");
   la->add_option("--node-rank", launch.node_rank,
                  "This node (0 serves the rendezvous); ranks node_rank * nproc + [0, nproc)");
   la->add_option("--master-addr", launch.master_addr,
-                 "Node 0's address (default $MASTER_ADDR, else 127.0.0.1 on one node)");
+                 "Node 0's address")
+      ->default_str("$MASTER_ADDR, else 127.0.0.1 on one node");
   la->add_option("--master-port", launch.master_port,
-                 "Rendezvous port (default $MASTER_PORT, else a free port on one node)");
+                 "Rendezvous port")
+      ->default_str("$MASTER_PORT, else a free port on one node");
   la->add_option("--grace", launch.grace_s,
                  "Seconds between SIGTERM and SIGKILL when a rank fails");
   subs.add(la, [&launch] { return cmd_launch(launch); });
@@ -221,15 +250,15 @@ void add_train_and_launch(CLI::App& app, Subcommands& subs, LaunchArgs& launch) 
                                 "Train the drafter: preflight, then the run (one process, or the "
                                 "target/drafter split when launched with RANK / WORLD_SIZE)");
   tr->add_option("--config", o->config, "Config TOML")->required()->check(CLI::ExistingFile);
-  tr->add_option("--set", o->set,
-                 "Override a config key, KEY=VALUE (repeatable; e.g. loss.weighting=dpace): "
-                 "checked like the file, recorded in the run's config.toml");
-  tr->add_option("--steps", o->steps, "Optimizer steps (default train.steps)");
+  add_set(tr, o->set, ", recorded in the run's config.toml");
+  tr->add_option("--steps", o->steps, "Optimizer steps")->default_str("train.steps");
   tr->add_option("--micro-batches", o->micro_batches,
-                 "Micro-batches per step (default train.micro_batches; split: one per drafter)");
-  tr->add_option("--lr", o->lr, "Peak learning rate (default train.lr)");
+                 "Micro-batches per step (split: one per drafter)")
+      ->default_str("train.micro_batches");
+  tr->add_option("--lr", o->lr, "Peak learning rate")->default_str("train.lr");
   tr->add_option("--out-dir", o->out_dir,
-                 "Run directory (default train.out_dir, else runs/<stem>)");
+                 "Run directory")
+      ->default_str("train.out_dir, else runs/<stem>");
   tr->add_flag("--resume", o->resume, "Continue from the run directory's newest checkpoint");
   tr->add_flag("--skip-preflight", o->skip_preflight,
                "Start without the preflight checks (says loudly what is skipped)");
@@ -239,11 +268,11 @@ void add_train_and_launch(CLI::App& app, Subcommands& subs, LaunchArgs& launch) 
   tr->add_option("--out-params", o->out_params, "Also write the final drafter parameters here");
   tr->add_option("--device", o->device,
                  "Override topology.device: cpu, cuda or cuda:N (one process; docs/GPU.md)");
-  tr->add_option("--test-poison-step", o->poison_step,
-                 "Test hook: write a NaN into fc.weight before this step");
-  tr->add_flag("--zoo-per-rank-normalisation", o->per_rank_normalisation,
-               "Bug-zoo hook: normalise the loss per rank (SPEC.md's bug)");
-  tr->add_option("--fault", o->fault, "Test hook: rank=R,step=T,mode=exit|hang");
+  test_hook(tr->add_option("--test-poison-step", o->poison_step,
+                           "Test hook: write a NaN into fc.weight before this step"));
+  test_hook(tr->add_flag("--zoo-per-rank-normalisation", o->per_rank_normalisation,
+                         "Bug-zoo hook: normalise the loss per rank (SPEC.md's bug)"));
+  test_hook(tr->add_option("--fault", o->fault, "Test hook: rank=R,step=T,mode=exit|hang"));
   subs.add(tr, [o] { return train::run_training(*o); });
 
   auto lm = std::make_shared<train::LmRecipe>();
@@ -253,7 +282,7 @@ void add_train_and_launch(CLI::App& app, Subcommands& subs, LaunchArgs& launch) 
       "directory; the defaults are the recipe of fixtures/targets/qwen3-bytes");
   tt->add_option("--out", lm->out, "Output directory (Hugging Face layout)")->required();
   tt->add_option("--corpus", lm->corpus,
-                 "Directory of UTF-8 text files (default: Debian's licenses)");
+                 "Directory of UTF-8 text files (Debian's licenses)");
   tt->add_option("--holdout", lm->holdout, "File of the corpus held out for evaluation");
   tt->add_option("--steps", lm->steps, "Optimizer steps");
   tt->add_option("--seq-len", lm->seq_len, "Bytes per training window");
@@ -277,7 +306,8 @@ void add_train_and_launch(CLI::App& app, Subcommands& subs, LaunchArgs& launch) 
   es->add_option("checkpoint", ev->checkpoint, "Checkpoint directory, or a run directory (newest)")
       ->required()
       ->check(CLI::ExistingDirectory);
-  es->add_option("--target", ev->target, "Hugging Face target directory (default: the run's)");
+  es->add_option("--target", ev->target, "Hugging Face target directory")
+      ->default_str("the run's");
   es->add_option("--prompts", ev->prompts,
                  "Prompt file: one text prompt per line, or .jsonl of {\"text\"} / {\"ids\"} "
                  "(default: the run's held-out prompts)");
@@ -285,28 +315,37 @@ void add_train_and_launch(CLI::App& app, Subcommands& subs, LaunchArgs& launch) 
       ->check(CLI::Range(int64_t(1), int64_t(65536)));
   es->add_option("--tokens", ev->max_new_tokens, "Tokens generated per prompt")
       ->check(CLI::Range(int64_t(1), int64_t(1000000)));
-  es->add_option("--block-size", ev->block_size, "Served block size (default: the trained one)")
-      ->check(CLI::Range(int64_t(2), int64_t(4096)));
+  es->add_option("--block-size", ev->block_size, "Served block size")
+      ->check(CLI::Range(int64_t(2), int64_t(4096)))
+      ->default_str("the trained one");
   es->add_option("--budgets", ev->budgets, "Tree node budgets")
       ->check(CLI::Range(int64_t(1), int64_t(4096)));
   es->add_option("--max-context", ev->max_context,
-                 "Context limit (default: the target's max_position_embeddings)")
-      ->check(CLI::Range(int64_t(1), int64_t(1) << 40));
+                 "Context limit")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 40))
+      ->default_str("the target's max_position_embeddings");
   es->add_option("--json", ev->json, "Also write the report as JSON");
   es->add_option("--build", ev->build, "The step computing tau: reference or optimized")
       ->check(CLI::IsMember({"reference", "optimized"}));
   es->add_option("--threads", ev->threads, "Intra-op threads (0: every core)");
   subs.add(es, [ev] { return train::run_eval(*ev); });
 
-  auto fa = std::make_shared<std::pair<std::string, std::string>>();
-  auto shard = std::make_shared<int64_t>(256);
+  struct FeatureArgs {
+    std::string config, out;
+    std::vector<std::string> set;
+    int64_t shard = 256;
+  };
+  auto fa = std::make_shared<FeatureArgs>();
   auto* fe = app.add_subcommand("features",
                                 "Precompute the target's features for offline training "
                                 "(data.source = \"features\")");
-  fe->add_option("--config", fa->first, "Config TOML")->required()->check(CLI::ExistingFile);
-  fe->add_option("--out", fa->second, "Output directory (must not exist)")->required();
-  fe->add_option("--shard-samples", *shard, "Samples per shard");
-  subs.add(fe, [fa, shard] { return train::write_features(fa->first, fa->second, *shard); });
+  fe->add_option("--config", fa->config, "Config TOML")->required()->check(CLI::ExistingFile);
+  add_set(fe, fa->set);
+  fe->add_option("--out", fa->out, "Output directory (must not exist)")->required();
+  fe->add_option("--shard-samples", fa->shard, "Samples per shard");
+  subs.add(fe, [fa] {
+    return train::write_features(load_config(fa->config, fa->set), fa->out, fa->shard);
+  });
 
   auto run_dir = std::make_shared<std::string>();
   auto* rp = app.add_subcommand("report", "Write RUN_DIR/report.html (curves, config, preflight)");
@@ -349,6 +388,40 @@ std::vector<char*> own_arguments(int argc, char** argv, LaunchArgs& launch) {
   return own;
 }
 
+// Edit distance (insertions, deletions, substitutions, adjacent swaps).
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
+  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (size_t i = 1; i <= a.size(); ++i)
+    for (size_t j = 1; j <= b.size(); ++j) {
+      d[i][j] = std::min(
+          {d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  return d[a.size()][b.size()];
+}
+
+// A first word that names no subcommand: say so, with the nearest names.
+// Returns "" when `word` is a subcommand (or an option).
+std::string unknown_command(CLI::App& app, const std::string& word) {
+  if (word.empty() || word[0] == '-') return "";
+  std::vector<std::string> names, near;
+  for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
+    if (sub->get_name() == word) return "";
+    names.push_back(sub->get_name());
+  }
+  for (const std::string& n : names)
+    if (edit_distance(word, n) <= std::max<size_t>(1, n.size() / 3) ||
+        (word.size() >= 3 && n.rfind(word, 0) == 0))
+      near.push_back("'" + n + "'");
+  std::string msg = "dflash: unknown command '" + word + "'";
+  if (!near.empty()) msg += "; did you mean " + CLI::detail::join(near, " or ") + "?";
+  return msg + "\nThe commands: " + CLI::detail::join(names, ", ") +
+         " (dflash --help says what each does)\n";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -356,6 +429,9 @@ int main(int argc, char** argv) {
       "dflash: DFlash drafter training, in a reference and an optimized build, "
       "with the harness that proves them equal"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", version_text());
+  // Every option's default in --help (set before the subcommands copy it).
+  app.option_defaults()->always_capture_default();
   Subcommands subs;
   LaunchArgs launch;
   add_step(app, subs);
@@ -373,6 +449,13 @@ int main(int argc, char** argv) {
     app.get_subcommand(name)->add_flag(
         "--ignore-memory-plan", ignore_memory_plan,
         "Allocate even when the memory planner says this machine cannot hold the config");
+  if (argc > 1) {
+    const std::string unknown = unknown_command(app, argv[1]);
+    if (!unknown.empty()) {
+      std::fputs(unknown.c_str(), stderr);
+      return static_cast<int>(CLI::ExitCodes::ExtrasError);
+    }
+  }
   std::vector<char*> own = own_arguments(argc, argv, launch);
   try {
     app.parse(int(own.size()), own.data());

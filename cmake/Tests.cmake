@@ -74,7 +74,7 @@ add_test(NAME cli.dump_then_step_from_is_bitwise
 add_test(NAME cli.every_subcommand_has_help
   COMMAND bash ${PROJECT_SOURCE_DIR}/ci/cli_tests.sh help $<TARGET_FILE:dflash>
   WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
-foreach(case bad_config hostile_configs optimized_step bench_smoke parity parity_failures preflight plan env bootstrap_check
+foreach(case face bad_config hostile_configs optimized_step bench_smoke parity parity_failures preflight plan env bootstrap_check
              report_in_browser)
   add_test(NAME cli.${case}
     COMMAND bash ${PROJECT_SOURCE_DIR}/ci/cli_tests.sh ${case} $<TARGET_FILE:dflash>

@@ -222,7 +222,7 @@ int run_parity(const ParityOptions& o) {
   // A user config is checked (values, then memory) before minutes of properties.
   std::optional<Config> user;
   if (!o.config.empty()) {
-    user = load_config(o.config);
+    user = load_config(o.config, o.set);
     guard_memory(*user, Workload::kReferenceStep, "dflash parity --config");
   }
   const PropertyRun run{o.cases, o.seed};
@@ -264,8 +264,8 @@ int run_parity(const ParityOptions& o) {
   return finish(o, rows, kills);
 }
 
-int run_audit(const std::string& path, const std::string& build) {
-  const Config c = load_config(path);
+int run_audit(const Config& c, const std::string& build) {
+  const std::string& path = c.path;
   fixtures::require_fixture_sources(c, "dflash audit");
   guard_memory(c, build == "optimized" ? Workload::kStep : Workload::kReferenceStep,
                "dflash audit");

@@ -4,6 +4,11 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
+
+namespace dflash {
+struct Config;
+}  // namespace dflash
 
 namespace dflash::harness {
 
@@ -11,8 +16,9 @@ struct ParityOptions {
   int cases = 200;
   uint64_t seed = 1;
   bool zoo = true;
-  std::string config;     // also audit this config (built at its full size)
-  std::string reproduce;  // replay one counterexample TOML instead of the suite
+  std::string config;            // also audit this config (built at its full size)
+  std::vector<std::string> set;  // --set KEY=VALUE overrides of `config`
+  std::string reproduce;         // replay one counterexample TOML instead of the suite
   std::string json, junit;
   std::string out_dir = ".";  // where failing counterexamples are written
   // Check a parity-checked zoo mutant instead of the real optimized step
@@ -30,6 +36,6 @@ struct ParityOptions {
 int run_parity(const ParityOptions& o);
 
 // `dflash audit --config C --build B`: the per-parameter table of one step.
-int run_audit(const std::string& config, const std::string& build);
+int run_audit(const Config& c, const std::string& build);
 
 }  // namespace dflash::harness

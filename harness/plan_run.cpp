@@ -46,8 +46,8 @@ nlohmann::json print_estimates(const Config& c, bool all_ranks) {
 
 }  // namespace
 
-int run_plan(const std::string& path, bool all_ranks, const std::string& json) {
-  const Config c = load_config(path);
+int run_plan(const Config& c, bool all_ranks, const std::string& json) {
+  const std::string& path = c.path;
   fmt::print(
       "dflash plan {}: {} ranks ({} target, {} drafter) on {}, {:.1f} GB each{}, reserve {} GB\n\n",
       path, c.topology.world_size, c.topology.target_ranks.size(), c.topology.drafter_ranks.size(),

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <iostream>
 
 #include "core/safetensors.h"
 #include "harness/generators.h"
@@ -25,12 +26,31 @@ struct SilentListener : rc::detail::TestListener {
   void onTestFinished(const rc::detail::TestMetadata&, const rc::detail::TestResult&) override {}
 };
 
+// RapidCheck loads its process-wide configuration (RC_PARAMS) on first use
+// and prints "Using configuration: seed=..." to stderr. dflash states its
+// own seed in every report, so the first load happens here, silenced.
+void load_rapidcheck_configuration_quietly() {
+  static const bool loaded = [] {
+    std::streambuf* err = std::cerr.rdbuf(nullptr);
+    try {
+      rc::detail::configuration();
+    } catch (...) {
+      std::cerr.rdbuf(err);
+      throw;
+    }
+    std::cerr.rdbuf(err);
+    return true;
+  }();
+  (void)loaded;
+}
+
 // Runs `body` as a RapidCheck property. `body` returns "" on success or the
 // failure report; the report, replay text and size of the last failing run
 // (after shrinking: the minimal case) are kept. An exception thrown by a
 // case is that case's failure.
 PropertyOutcome run_property(const std::string& name, const PropertyRun& run,
                              const PropertyBody& body) {
+  load_rapidcheck_configuration_quietly();
   PropertyOutcome out;
   out.name = name;
   out.seed = run.seed;

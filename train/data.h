@@ -110,6 +110,6 @@ MicroBatch eval_batch(const Config& c, const Dataset& d, int64_t i);
 
 // `dflash features --config C --out DIR`: runs the target over the config's
 // training and held-out sets and writes shards of `shard_samples` samples.
-int write_features(const std::string& config, const std::string& out_dir, int64_t shard_samples);
+int write_features(const Config& c, const std::string& out_dir, int64_t shard_samples);
 
 }  // namespace dflash::train

@@ -18,8 +18,7 @@ double now() {
 
 }  // namespace
 
-int run_dist_bench(const std::string& path) {
-  const Config c = load_config(path);
+int run_dist_bench(const Config& c) {
   configure_threads(c.run.threads);
   dist::Cluster cl(c, dist::env_from_process());
   const int64_t reps = 8, mb = 32;

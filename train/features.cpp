@@ -160,8 +160,8 @@ FrozenWeights read_features_frozen(const Config& c, const std::string& dir) {
   return bind_frozen(c, m, scalar_type(c.run.dtype), file);
 }
 
-int write_features(const std::string& config, const std::string& out_dir, int64_t shard_samples) {
-  const Config c = load_config(config);
+int write_features(const Config& c, const std::string& out_dir, int64_t shard_samples) {
+  const std::string& config = c.path;
   if (c.data.source == "fixture" || c.data.source == "inline" || c.data.source == "features")
     throw DataError(
         fmt::format("{}: data.source: expected jsonl, shards or self_distill for "

@@ -91,6 +91,6 @@ void write_params(const std::string& path, const DrafterWeights& w);
 int run_train(const Config& c, const TrainOptions& o);
 
 // `dflash bench --dist` inside a launched rank (train/dist_throughput.cpp).
-int run_dist_bench(const std::string& config);
+int run_dist_bench(const Config& c);
 
 }  // namespace dflash::train
