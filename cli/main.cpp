@@ -124,8 +124,7 @@ void add_bench(CLI::App& app, Subcommands& subs) {
   b->add_flag("--dist", a->dist,
               "Transfer throughput, all-reduce busbw and waiting fraction of "
               "the target/drafter split (launches the config's ranks)");
-  b->add_option("--config", a->dist_config,
-                "With --dist: the topology to run");
+  b->add_option("--config", a->dist_config, "With --dist: the topology to run");
   add_set(b, a->set, " (with --dist; forwarded to every rank)");
   subs.add(b, [a] { return cmd_bench(*a); });
 }
@@ -212,8 +211,7 @@ void add_plan_and_preflight(CLI::App& app, Subcommands& subs) {
                            "Test hook: replace a component by a bug-zoo mutant"));
   pf->add_option("--device", pre->device,
                  "Override topology.device (cpu, cuda, cuda:N): the config's run on that device");
-  pf->add_option("--out-dir", pre->out_dir,
-                 "Where a failing twin-parity case is written");
+  pf->add_option("--out-dir", pre->out_dir, "Where a failing twin-parity case is written");
   auto* env_file = pf->add_option("--env", pre->env_file,
                                   "Check the topology against this machine description "
                                   "(`dflash env --json` on that machine) instead of this one")
@@ -235,11 +233,9 @@ void add_train_and_launch(CLI::App& app, Subcommands& subs, LaunchArgs& launch) 
   la->add_option("--nnodes", launch.nnodes, "Nodes in the run: one launcher per node");
   la->add_option("--node-rank", launch.node_rank,
                  "This node (0 serves the rendezvous); ranks node_rank * nproc + [0, nproc)");
-  la->add_option("--master-addr", launch.master_addr,
-                 "Node 0's address")
+  la->add_option("--master-addr", launch.master_addr, "Node 0's address")
       ->default_str("$MASTER_ADDR, else 127.0.0.1 on one node");
-  la->add_option("--master-port", launch.master_port,
-                 "Rendezvous port")
+  la->add_option("--master-port", launch.master_port, "Rendezvous port")
       ->default_str("$MASTER_PORT, else a free port on one node");
   la->add_option("--grace", launch.grace_s,
                  "Seconds between SIGTERM and SIGKILL when a rank fails");
@@ -256,8 +252,7 @@ void add_train_and_launch(CLI::App& app, Subcommands& subs, LaunchArgs& launch) 
                  "Micro-batches per step (split: one per drafter)")
       ->default_str("train.micro_batches");
   tr->add_option("--lr", o->lr, "Peak learning rate")->default_str("train.lr");
-  tr->add_option("--out-dir", o->out_dir,
-                 "Run directory")
+  tr->add_option("--out-dir", o->out_dir, "Run directory")
       ->default_str("train.out_dir, else runs/<stem>");
   tr->add_flag("--resume", o->resume, "Continue from the run directory's newest checkpoint");
   tr->add_flag("--skip-preflight", o->skip_preflight,
@@ -281,8 +276,7 @@ void add_train_and_launch(CLI::App& app, Subcommands& subs, LaunchArgs& launch) 
       "Train the real-text target (a tiny byte-level Qwen3 LM) and write it as a Hugging Face "
       "directory; the defaults are the recipe of fixtures/targets/qwen3-bytes");
   tt->add_option("--out", lm->out, "Output directory (Hugging Face layout)")->required();
-  tt->add_option("--corpus", lm->corpus,
-                 "Directory of UTF-8 text files (Debian's licenses)");
+  tt->add_option("--corpus", lm->corpus, "Directory of UTF-8 text files (Debian's licenses)");
   tt->add_option("--holdout", lm->holdout, "File of the corpus held out for evaluation");
   tt->add_option("--steps", lm->steps, "Optimizer steps");
   tt->add_option("--seq-len", lm->seq_len, "Bytes per training window");
@@ -306,8 +300,7 @@ void add_train_and_launch(CLI::App& app, Subcommands& subs, LaunchArgs& launch) 
   es->add_option("checkpoint", ev->checkpoint, "Checkpoint directory, or a run directory (newest)")
       ->required()
       ->check(CLI::ExistingDirectory);
-  es->add_option("--target", ev->target, "Hugging Face target directory")
-      ->default_str("the run's");
+  es->add_option("--target", ev->target, "Hugging Face target directory")->default_str("the run's");
   es->add_option("--prompts", ev->prompts,
                  "Prompt file: one text prompt per line, or .jsonl of {\"text\"} / {\"ids\"} "
                  "(default: the run's held-out prompts)");
@@ -320,8 +313,7 @@ void add_train_and_launch(CLI::App& app, Subcommands& subs, LaunchArgs& launch) 
       ->default_str("the trained one");
   es->add_option("--budgets", ev->budgets, "Tree node budgets")
       ->check(CLI::Range(int64_t(1), int64_t(4096)));
-  es->add_option("--max-context", ev->max_context,
-                 "Context limit")
+  es->add_option("--max-context", ev->max_context, "Context limit")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 40))
       ->default_str("the target's max_position_embeddings");
   es->add_option("--json", ev->json, "Also write the report as JSON");
