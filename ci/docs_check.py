@@ -46,7 +46,8 @@ def spec_steps(path: str, errors: list[str]) -> set[int]:
 def tracked_text_files(root: str) -> list[str]:
     out = subprocess.run(["git", "-C", root, "ls-files"], capture_output=True, text=True,
                          check=True).stdout.split()
-    return [p for p in out if p.endswith(TEXT_SUFFIXES) and p != "ci/docs_check.py"]
+    return [p for p in out if p.endswith(TEXT_SUFFIXES) and p != "ci/docs_check.py"
+            and os.path.isfile(os.path.join(root, p))]  # a deletion not yet committed
 
 
 def check_file(root: str, rel: str, steps: set[int], errors: list[str]) -> None:

@@ -1,7 +1,8 @@
-# One loop builds every Google Benchmark binary: `<area>/<name>_bench.cpp`.
+# One loop builds every Google Benchmark binary: `harness/<name>_bench.cpp`
+# (they compare builds through the harness, so they live in its layer).
 find_package(benchmark REQUIRED)
 file(GLOB DFLASH_BENCH_SOURCES CONFIGURE_DEPENDS
-  ${PROJECT_SOURCE_DIR}/optimized/*_bench.cpp ${PROJECT_SOURCE_DIR}/harness/*_bench.cpp)
+  ${PROJECT_SOURCE_DIR}/harness/*_bench.cpp)
 foreach(src ${DFLASH_BENCH_SOURCES})
   get_filename_component(name ${src} NAME_WE)
   get_filename_component(dir ${src} DIRECTORY)

@@ -99,6 +99,11 @@ add_test(NAME ci.docs_stand_alone
   COMMAND ${dflash_ci_python} ${PROJECT_SOURCE_DIR}/ci/docs_check.py ${PROJECT_SOURCE_DIR}
   WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
 set_tests_properties(ci.docs_stand_alone PROPERTIES LABELS quick)
+# Every #include points down the layer order (ci/layers_check.py).
+add_test(NAME ci.includes_point_down
+  COMMAND ${dflash_ci_python} ${PROJECT_SOURCE_DIR}/ci/layers_check.py ${PROJECT_SOURCE_DIR}
+  WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+set_tests_properties(ci.includes_point_down PROPERTIES LABELS quick)
 # safetensors files written by the reference implementation (the `safetensors`
 # package in the torch environment) read by dflash, and the reverse.
 # The python of libtorch's own environment (a reconfigure finds torch through
