@@ -290,6 +290,9 @@ case "$case_name" in
       if pf; then echo "preflight passed a cuda config without CUDA"; exit 1; fi
       grep -E "^environment +FAIL" "$tmp/pf.txt"
       grep -q -- "--plan-for-another-machine" "$tmp/pf.txt"
+      # one cause, one FAIL row: the twin meant for the GPU is not run
+      [ "$(grep -cE '^[a-z ]+ +FAIL ' "$tmp/pf.txt")" = 1 ] || { cat "$tmp/pf.txt"; exit 1; }
+      grep -qE "^twin parity +not run .*environment check found unusable" "$tmp/pf.txt"
     fi
     pf --env fixtures/envs/h200x8.json || { cat "$tmp/pf.txt"; exit 1; }
     grep -E "^environment +pass" "$tmp/pf.txt"

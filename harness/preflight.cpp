@@ -53,8 +53,8 @@ class Preflight {
     rows_.push_back(r);
     return r.result != "FAIL";
   }
-  void not_run(const std::string& name) {
-    rows_.push_back({name, "not run", "an earlier check failed", 0, ""});
+  void not_run(const std::string& name, const std::string& why = "an earlier check failed") {
+    rows_.push_back({name, "not run", why, 0, ""});
   }
   int finish() const;
 
@@ -288,9 +288,15 @@ int run_preflight(const PreflightOptions& o) {
       pf.not_run(n);
     return pf.finish();
   }
-  pf.check("environment", [&](Row& r) { environment_check(r, s, o); });
+  const bool env_ok = pf.check("environment", [&](Row& r) { environment_check(r, s, o); });
   pf.check("memory plan", [&](Row& r) { plan_check(r, s); });
-  pf.check("twin parity", [&](Row& r) { twin_parity_check(r, s, o); });
+  // One cause, one FAIL: a twin meant for a device the environment check
+  // found unusable is not run, pointing at that row.
+  if (env_ok || twin_device(s, o).is_cpu())
+    pf.check("twin parity", [&](Row& r) { twin_parity_check(r, s, o); });
+  else
+    pf.not_run("twin parity", "runs on topology.device = \"" + s.config.topology.device +
+                                  "\", which the environment check found unusable");
   pf.check("twin audit", [&](Row& r) { twin_audit_check(r, s); });
   pf.check("memory ceilings", [&](Row& r) { memory_check(r, s); });
   pf.check("real step", [&](Row& r) { real_step_check(r, s); });
