@@ -71,6 +71,14 @@ case "$case_name" in
     "$dflash" parity --cases 2 --seed 3 --no-zoo > /dev/null 2> "$tmp/err.txt"
     if grep -q "Using configuration" "$tmp/err.txt"; then echo "RapidCheck's line printed"; exit 1; fi
     ;;
+  readme_figures)
+    # README's figures of the default run (command 1) hold within the
+    # tolerance README states (ci/readme_figures.py; nightly: ~2 minutes).
+    "$dflash" train --config fixtures/configs/tiny-train.toml --out-dir "$tmp/run" > "$tmp/train.log" 2>&1 ||
+      { tail -20 "$tmp/train.log"; exit 1; }
+    "$dflash" eval "$tmp/run" > "$tmp/eval.log" 2>&1 || { tail -20 "$tmp/eval.log"; exit 1; }
+    python3 ci/readme_figures.py README.md "$tmp/train.log" "$tmp/eval.log"
+    ;;
   bad_config)
     sed 's/^head_dim = 16/head_dim = 15/' "$tiny" > "$tmp/odd.toml"
     if "$dflash" step --config "$tmp/odd.toml" 2> "$tmp/err.txt"; then
@@ -325,8 +333,9 @@ case "$case_name" in
     grep -q "plan: dense attention fallback -> OOM" "$tmp/out.txt"
     # Issue 36, one memory story: plan, preflight and the memory guard print
     # the same labelled figure for the same workload. A Qwen3-8B-shaped cpu
-    # config no host holds (S = 32768: dflash's dense target attention alone
-    # is ~400 GB), so nothing allocates.
+    # config no host holds (S = 32768: the fixture step's dense target
+    # attention alone is ~400 GB, its fp32 weights over 30 GB), so nothing
+    # allocates.
     q8="$tmp/qwen3-8b.toml"
     sed -e 's/^vocab_size = .*/vocab_size = 151936/' -e 's/^hidden_size = .*/hidden_size = 4096/' \
         -e 's/^num_hidden_layers = 6/num_hidden_layers = 36/' \

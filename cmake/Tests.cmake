@@ -81,6 +81,11 @@ foreach(case face bad_config hostile_configs optimized_step bench_smoke parity p
     WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
   set_tests_properties(cli.${case} PROPERTIES LABELS quick SKIP_RETURN_CODE 77)
 endforeach()
+# README's figures of the default run against the run itself (nightly).
+add_test(NAME cli.readme_figures
+  COMMAND bash ${PROJECT_SOURCE_DIR}/ci/cli_tests.sh readme_figures $<TARGET_FILE:dflash>
+  WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+set_tests_properties(cli.readme_figures PROPERTIES LABELS nightly)
 # Every mutant of ci/mutants.toml still applies to this tree (its find occurs
 # exactly once): a code change that leaves a nightly mutant stale fails here,
 # in the quick suite, instead of surviving silently in the nightly run.

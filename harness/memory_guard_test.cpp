@@ -30,7 +30,8 @@ TEST(MemoryGuard, BudgetIsThePlannersPeakAgainstCapacityMinusReserve) {
   const Config c = fixtures::micro_config();
   Config local = c;
   local.topology = TopologyConfig{};
-  const double peak = plan_memory(local, configured_variant(local), true).ranks[0].peak;
+  const double peak =
+      plan_memory(local, configured_variant(local), TargetAttention::kDense).ranks[0].peak;
   const double reserve = c.topology.memory_reserve_gb * 1e9;
   const MemoryBudget fits = memory_budget(c, Workload::kStep, Where{}, reserve + peak * 1.01);
   EXPECT_TRUE(fits.fits) << fits.text;
@@ -61,7 +62,7 @@ TEST(MemoryGuard, CpuSplitTrainingIsHeldToTheSumOfItsRanks) {
       std::getenv("DFLASH_SOURCE_DIR") ? std::getenv("DFLASH_SOURCE_DIR") : ".";
   const Config c = load_config(root + "/fixtures/configs/dist-1x2.toml");
   ASSERT_EQ(c.topology.device, "cpu");
-  const Plan p = plan_memory(c, configured_variant(c), true);
+  const Plan p = plan_memory(c, configured_variant(c), TargetAttention::kQueryChunked);
   double sum = 0;
   for (const RankPlan& r : p.ranks) sum += r.peak;
   EXPECT_DOUBLE_EQ(memory_budget(c, Workload::kTrain, Where{}, 1e15).need, sum);

@@ -118,27 +118,44 @@ std::vector<PlanItem> drafter_items(const Config& c, const PlanVariant& v, int64
   return it;
 }
 
-std::vector<PlanItem> target_items(const Config& c, bool dense_attention) {
+// The attention part of one target layer's forward working set.
+struct TargetAttentionBytes {
+  double bytes;
+  std::string what, formula;
+};
+TargetAttentionBytes target_attention_bytes(const Config& c, TargetAttention a) {
+  const int64_t e = elem(c.run.dtype), B = c.data.batch_size, S = c.data.seq_len;
+  const LayerShape& t = c.target.shape;
+  const int64_t nh = t.num_attention_heads, chunk = c.optimized.target_query_chunk;
+  if (a == TargetAttention::kTiled)  // one (B, nh, S) statistic
+    return {double(4 * B * nh * S), "tiled attention", "4 B nh S"};
+  // q query rows at a time: the causal mask and three fp32 (B, nh, q, S)
+  // tensors (scores, masked, softmax); chunked, the chunks' outputs and
+  // their concatenation besides.
+  const bool chunked = a == TargetAttention::kQueryChunked && chunk > 0 && chunk < S;
+  const int64_t q = chunked ? chunk : S;
+  const double scores =
+      double(B * q) * double(S) + 3.0 * 4 * double(B * nh) * double(q) * double(S);
+  if (!chunked) return {scores, "dense attention", "B S^2 + 12 B nh S^2"};
+  return {scores + 2.0 * double(B * nh * S * t.head_dim * e),
+          fmt::format("query-chunked attention, {} rows", q),
+          fmt::format("B q S + 12 B nh q S + 2 B nh S hd e, q = {}", q)};
+}
+
+std::vector<PlanItem> target_items(const Config& c, TargetAttention attention) {
   const int64_t e = elem(c.run.dtype), B = c.data.batch_size, S = c.data.seq_len;
   const LayerShape& t = c.target.shape;
   const int64_t H = t.hidden_size, L = c.num_taps(), nh = t.num_attention_heads;
   const double layer =
       double(B * S *
              (3 * H + (nh + 2 * t.num_key_value_heads) * t.head_dim + 3 * t.intermediate_size) * e);
-  // Dense: the causal mask, three fp32 (B, nh, S, S) tensors (scores, masked,
-  // softmax) and K/V repeated to nh heads; tiled: one (B, nh, S) statistic.
-  const double attention =
-      dense_attention ? double(B * S) * double(S) + 3.0 * 4 * double(B * nh) * double(S) * double(S)
-                      : double(4 * B * nh * S);
+  const TargetAttentionBytes a = target_attention_bytes(c, attention);
   using K = PlanItem::Kind;
   return {
       {"target weights", double(target_param_count(c) * e), K::kPersistent,
        fmt::format("{} params x {} B", target_param_count(c), e)},
-      {dense_attention ? "target forward working set (no grad, one layer, dense attention)"
-                       : "target forward working set (no grad, one layer, tiled attention)",
-       layer + attention, K::kForwardTransient,
-       dense_attention ? "B S (3H + (nh+2nkv) hd + 3I) e + B S^2 + 12 B nh S^2"
-                       : "B S (3H + (nh+2nkv) hd + 3I) e + 4 B nh S"},
+      {"target forward working set (no grad, one layer, " + a.what + ")", layer + a.bytes,
+       K::kForwardTransient, "B S (3H + (nh+2nkv) hd + 3I) e + " + a.formula},
       {"tapped features + final hidden (send queue of 2)", double(2 * B * S * (L + 1) * H * e),
        K::kPersistent, "2 B S (L+1) H e"},
   };
@@ -202,7 +219,7 @@ double machine_memory_bytes() {
   return double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
 }
 
-Plan plan_memory(const Config& c, const PlanVariant& v, bool dense_target_attention) {
+Plan plan_memory(const Config& c, const PlanVariant& v, TargetAttention target_attention) {
   Plan p;
   p.variant = v;
   const auto& tp = c.topology;
@@ -213,7 +230,7 @@ Plan plan_memory(const Config& c, const PlanVariant& v, bool dense_target_attent
     const bool is_target = std::count(tp.target_ranks.begin(), tp.target_ranks.end(), r) > 0;
     const bool is_drafter = std::count(tp.drafter_ranks.begin(), tp.drafter_ranks.end(), r) > 0;
     rp.role = is_target && is_drafter ? "target+drafter" : is_target ? "target" : "drafter";
-    if (is_target) rp.items = target_items(c, dense_target_attention);
+    if (is_target) rp.items = target_items(c, target_attention);
     if (is_drafter) {
       auto d = drafter_items(c, v, Q, true);
       rp.items.insert(rp.items.end(), d.begin(), d.end());
@@ -344,14 +361,14 @@ std::string workload_label(const Config& c, Workload w) {
       return fmt::format(
           "the training run (optimized step: {}; AdamW state; tiled target attention)", v);
     case Workload::kTrain:
-      return fmt::format("dflash train (optimized step: {}; AdamW state; dense target attention)",
-                         v);
+      return fmt::format(
+          "dflash train (optimized step: {}; AdamW state; query-chunked target attention)", v);
     case Workload::kStep:
       return fmt::format("one optimized step ({}; AdamW state; dense target attention)", v);
     case Workload::kReferenceStep:
       return fmt::format("one reference step ({}; AdamW state; dense target attention)", v);
     case Workload::kFeatures:
-      return "the target forward alone (dense target attention)";
+      return "the target forward alone (query-chunked target attention)";
   }
   return "";
 }
@@ -418,7 +435,7 @@ std::vector<Estimate> estimate_memory(const Config& c, Workload w, const Where& 
   const std::string label = workload_label(c, w);
   if (w == Workload::kFeatures) {
     RankPlan r;
-    r.items = target_items(local, /*dense_attention=*/true);
+    r.items = target_items(local, TargetAttention::kQueryChunked);
     return {estimate_of(r, 1, label, "one process (target)", where.label)};
   }
   const bool run = w == Workload::kPlannedRun || w == Workload::kTrain;
@@ -428,8 +445,10 @@ std::vector<Estimate> estimate_memory(const Config& c, Workload w, const Where& 
     one.memory_reserve_gb = c.topology.memory_reserve_gb;
     local.topology = one;
   }
-  const Plan p = plan_memory(local, workload_variant(local, w),
-                             /*dense_target_attention=*/w != Workload::kPlannedRun);
+  const TargetAttention a = w == Workload::kPlannedRun ? TargetAttention::kTiled
+                            : w == Workload::kTrain    ? TargetAttention::kQueryChunked
+                                                       : TargetAttention::kDense;
+  const Plan p = plan_memory(local, workload_variant(local, w), a);
   std::vector<Estimate> out;
   for (const RankPlan& r : p.ranks) {
     const std::string who =

@@ -69,17 +69,24 @@ struct Plan {
 // state included or not. Also used by the calibration test.
 std::vector<PlanItem> drafter_items(const Config& c, const PlanVariant& v, int64_t Q,
                                     bool with_optimizer);
-// The target rank. A production target runs a tiled (flash-style) causal
-// attention; dflash's own target forward (reference::target_forward) is
-// dense, with (B, nh, S, S) fp32 scores: pass dense_attention for a plan of
-// what dflash itself would run (preflight's local real step).
-std::vector<PlanItem> target_items(const Config& c, bool dense_attention = false);
+// How the target's causal attention is counted. A production target runs a
+// tiled (flash-style) attention (kTiled: O(S) statistics). dflash's own
+// target forward comes in two: optimized::target_forward, what `dflash
+// train`, `features` and served decoding run, takes queries in chunks of
+// optimized.target_query_chunk rows (kQueryChunked: (B, nh, chunk, S) fp32
+// scores at a time; 0 rows = dense); reference::target_forward, what the
+// fixture batches of `step`, `dump`, `audit` and preflight's real step run,
+// is dense (kDense: (B, nh, S, S)).
+enum class TargetAttention { kTiled, kQueryChunked, kDense };
+std::vector<PlanItem> target_items(const Config& c,
+                                   TargetAttention attention = TargetAttention::kTiled);
 // layers: how many layers share the kLayerSaved items (one layer's share
 // remains during the first layer's backward).
 double peak_of(const std::vector<PlanItem>& items, int64_t layers = 1,
                std::string* largest = nullptr);
 
-Plan plan_memory(const Config& c, const PlanVariant& v, bool dense_target_attention = false);
+Plan plan_memory(const Config& c, const PlanVariant& v,
+                 TargetAttention target_attention = TargetAttention::kTiled);
 
 // The single-tensor figures of SPEC.md, at the config's sizes.
 struct Figure {
@@ -97,7 +104,7 @@ double machine_memory_bytes();
 // workload it counts and the device it is counted for.
 enum class Workload {
   kPlannedRun,     // every rank of the run, a production (tiled-attention) target (plan)
-  kTrain,          // every rank of `dflash train`: dflash's own dense target forward
+  kTrain,          // every rank of `dflash train`: dflash's query-chunked target forward
   kStep,           // one target forward + one optimized drafter step, one process
   kReferenceStep,  // the same through the reference build (full logits, dense attention)
   kFeatures,       // the target forward alone (dflash features)

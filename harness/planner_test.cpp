@@ -31,6 +31,30 @@ TEST(Planner, SeedReproducesSpecFigures) {
   EXPECT_GT(figure(c, "every chunk's logits kept (no recompute)") / 1e9, 16.0);  // "over 16 GB"
 }
 
+// dflash train, features and served decoding run optimized::target_forward,
+// whose causal attention takes optimized.target_query_chunk query rows at a
+// time: their estimate counts (B, nh, chunk, S) scores, not (B, nh, S, S);
+// the fixture steps (reference::target_forward) stay dense.
+TEST(Planner, TrainCountsTheQueryChunkedTargetForward) {
+  Config c = seed();  // S = 49152, target_query_chunk = 1024
+  ASSERT_EQ(c.optimized.target_query_chunk, 1024);
+  const PlanItem chunked = target_items(c, TargetAttention::kQueryChunked)[1];
+  const PlanItem dense = target_items(c, TargetAttention::kDense)[1];
+  EXPECT_NE(chunked.name.find("query-chunked attention, 1024 rows"), std::string::npos)
+      << chunked.name;
+  EXPECT_LT(chunked.bytes, dense.bytes / 16) << "S / chunk = 48";
+  EXPECT_GT(chunked.bytes, target_items(c, TargetAttention::kTiled)[1].bytes);
+  const std::string train = workload_label(c, Workload::kTrain);
+  EXPECT_NE(train.find("query-chunked target attention"), std::string::npos) << train;
+  // and estimate_memory counts it so: rank 0 (a target rank) of dflash train
+  // against the dense fixture step (124 GB against 1987 GB here)
+  const double train_peak = estimate_memory(c, Workload::kTrain, Where{})[0].peak;
+  const double step_peak = estimate_memory(c, Workload::kStep, Where{})[0].peak;
+  EXPECT_LT(train_peak, step_peak / 4);
+  c.optimized.target_query_chunk = 0;  // 0 = dense
+  EXPECT_DOUBLE_EQ(target_items(c, TargetAttention::kQueryChunked)[1].bytes, dense.bytes);
+}
+
 TEST(Planner, SeedVerdicts) {
   const Config c = seed();
   for (const PlanVariant& v : standard_variants(c)) {
