@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "core/files.h"
 #include "core/safetensors.h"
 
 namespace dflash {
@@ -75,7 +76,7 @@ bool has_byte_tokenizer(const std::string& model_dir) {
   const std::string file = (std::filesystem::path(model_dir) / kByteTokenizerFile).string();
   if (!std::filesystem::exists(file)) return false;
   const nlohmann::json j =
-      nlohmann::json::parse(safetensors::read_file(file, kByteTokenizerFile), nullptr, false);
+      nlohmann::json::parse(read_whole_file(file, kByteTokenizerFile), nullptr, false);
   if (j.is_discarded() || !j.is_object())
     throw std::runtime_error(fmt::format("{}: not a valid JSON object", file));
   const auto type = j.find("type");

@@ -14,6 +14,8 @@
 #include <set>
 #include <sstream>
 
+#include "core/files.h"
+
 namespace dflash {
 
 const char* weighting_name(Weighting w) {
@@ -436,11 +438,7 @@ Config parse_config_toml(const std::string& text, const std::string& label) {
 namespace {
 
 std::string read_config_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw ConfigError(fmt::format("{}: cannot open config file", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  return read_whole_file<ConfigError>(path, "config file");
 }
 
 // One KEY=VALUE override written into the parsed file.
@@ -611,22 +609,14 @@ void hf_check_architecture(const nlohmann::json& j, const std::string& file) {
 
 TargetConfig read_hf_config(const std::string& dir) {
   const std::string file = dir + "/config.json";
-  std::ifstream in(file, std::ios::binary);
-  if (!in) throw ConfigError(fmt::format("{}: cannot open (target.path = \"{}\")", file, dir));
-  std::stringstream text;
-  text << in.rdbuf();
-  TargetConfig c = parse_hf_config(text.str(), file);
+  TargetConfig c = parse_hf_config(
+      read_whole_file<ConfigError>(file, fmt::format("(target.path = \"{}\")", dir)), file);
   c.path = dir;
   return c;
 }
 
 TargetConfig parse_hf_config(const std::string& text, const std::string& file) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    throw ConfigError(fmt::format("{}: not valid JSON: {}", file, e.what()));
-  }
+  const nlohmann::json j = parse_json<ConfigError>(text, file);
   if (!j.is_object()) hf_fail(file, "(root)", "a JSON object", j);
   hf_check_architecture(j, file);
   TargetConfig c;

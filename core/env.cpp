@@ -14,6 +14,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "core/files.h"
 #include "core/safetensors.h"
 
 namespace dflash {
@@ -208,14 +209,8 @@ Environment environment_from_json(const nlohmann::json& j, const std::string& la
 }
 
 Environment load_environment(const std::string& path) {
-  const std::string text = safetensors::read_file(path, "the environment description");
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const std::exception& ex) {
-    throw std::runtime_error(fmt::format("{}: not valid JSON: {}", path, ex.what()));
-  }
-  return environment_from_json(j, path);
+  return environment_from_json(
+      parse_json(read_whole_file(path, "the environment description"), path), path);
 }
 
 namespace {

@@ -11,6 +11,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "core/files.h"
+
 namespace dflash::safetensors {
 namespace {
 
@@ -184,20 +186,8 @@ File parse(const std::string& bytes, const std::string& label) {
   return f;
 }
 
-std::string read_file(const std::string& path, const std::string& what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error(fmt::format("{}: cannot open {}", path, what));
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 File read(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail(path, "cannot open file");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return parse(ss.str(), path);
+  return parse(read_whole_file<SafetensorsError>(path, "file"), path);
 }
 
 std::string dtype_code(at::ScalarType t) {

@@ -48,7 +48,6 @@ void write(const std::string& path, const NamedTensors& tensors, const Metadata&
 std::string dtype_code(at::ScalarType t);
 
 // A whole file's bytes; throws std::runtime_error "PATH: cannot open WHAT".
-std::string read_file(const std::string& path, const std::string& what);
 // Atomic file write used by every writer in the project: temp + rename.
 void write_file_atomic(const std::string& path, const std::string& bytes);
 // fsync of a file or directory (best effort: ignored where it cannot open it).

@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "core/device.h"
+#include "core/files.h"
 #include "core/safetensors.h"
 #include "core/text.h"
 #include "fixtures/fixtures.h"
@@ -136,7 +137,7 @@ ComponentImpls candidate_components(const ParityOptions& o) {
 }
 
 int reproduce(const ParityOptions& o) {
-  const std::string text = safetensors::read_file(o.reproduce, "the counterexample");
+  const std::string text = read_whole_file(o.reproduce, "the counterexample");
   const std::string against = o.mutant.empty() ? "the optimized build" : "mutant " + o.mutant;
   const std::string component = case_component(text);
   if (!component.empty()) {

@@ -14,6 +14,7 @@
 #include <set>
 #include <sstream>
 
+#include "core/files.h"
 #include "core/safetensors.h"
 #include "train/hf.h"
 
@@ -259,11 +260,7 @@ Checkpoint read_checkpoint(const std::string& dir) {
   Checkpoint ck;
   ck.dir = dir;
   const fs::path state = fs::path(dir) / "trainer_state.json";
-  std::ifstream in(state, std::ios::binary);
-  if (!in) throw CheckpointError(fmt::format("{}: cannot open", state.string()));
-  std::stringstream text;
-  text << in.rdbuf();
-  parse_trainer_state(text.str(), state.string(), ck);
+  parse_trainer_state(read_whole_file<CheckpointError>(state.string()), state.string(), ck);
   auto read_into = [&](const char* file, std::map<std::string, at::Tensor>& dst) {
     const safetensors::File f = safetensors::read((fs::path(dir) / file).string());
     for (const auto& [n, t] : f.tensors) dst[n] = t;

@@ -13,6 +13,7 @@
 
 #include "core/batch.h"
 #include "core/byte_tokenizer.h"
+#include "core/files.h"
 #include "core/safetensors.h"
 #include "core/step.h"
 #include "fixtures/fixtures.h"
@@ -110,13 +111,8 @@ std::vector<std::string> shard_files(const std::string& dir) {
   std::vector<std::string> files;
   const fs::path index = fs::path(dir) / "index.json";
   if (fs::exists(index)) {
-    std::ifstream in(index);
-    nlohmann::json j;
-    try {
-      in >> j;
-    } catch (const nlohmann::json::exception& e) {
-      throw DataError(fmt::format("{}: not valid JSON: {}", index.string(), e.what()));
-    }
+    const nlohmann::json j =
+        parse_json<DataError>(read_whole_file<DataError>(index.string()), index.string());
     if (!j.contains("shards") || !j["shards"].is_array())
       throw DataError(fmt::format("{}: shards: expected an array of file names", index.string()));
     for (const auto& s : j["shards"]) {
@@ -230,11 +226,7 @@ std::string shape_text(at::IntArrayRef shape) {
 }
 
 Dataset read_jsonl(const Config& c, const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw DataError(fmt::format("{}: cannot open data file (data.path)", path));
-  std::stringstream text;
-  text << in.rdbuf();
-  return parse_jsonl(c, text.str(), path);
+  return parse_jsonl(c, read_whole_file<DataError>(path, "data file (data.path)"), path);
 }
 
 Dataset parse_jsonl(const Config& c, const std::string& text, const std::string& path) {

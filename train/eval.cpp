@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "core/byte_tokenizer.h"
+#include "core/files.h"
 #include "core/safetensors.h"
 #include "optimized/step.h"
 #include "reference/step.h"
@@ -91,8 +92,8 @@ Config eval_config(const Checkpoint& ck, const EvalOptions& o) {
   resolve_recorded_paths(resolved, ck);
   if (!o.target.empty()) resolved["target"] = {{"source", "hf"}, {"path", o.target}};
   const std::string drafter_file = (fs::path(ck.dir) / "config.json").string();
-  const nlohmann::json dj = nlohmann::json::parse(
-      safetensors::read_file(drafter_file, "the drafter config"), nullptr, false);
+  const nlohmann::json dj =
+      nlohmann::json::parse(read_whole_file(drafter_file, "the drafter config"), nullptr, false);
   if (!dj.is_object()) refuse(drafter_file, "(root)", "not a JSON object");
   TargetConfig t;
   std::string target_dir;

@@ -8,6 +8,7 @@
 #include <map>
 #include <set>
 
+#include "core/files.h"
 #include "core/safetensors.h"
 #include "core/step.h"
 #include "fixtures/fixtures.h"
@@ -20,15 +21,7 @@ namespace {
 constexpr const char* kIndexFile = "model.safetensors.index.json";
 
 nlohmann::json read_json_file(const std::string& file) {
-  std::ifstream in(file);
-  if (!in) throw std::runtime_error(fmt::format("{}: cannot open", file));
-  try {
-    nlohmann::json j;
-    in >> j;
-    return j;
-  } catch (const nlohmann::json::exception& e) {
-    throw std::runtime_error(fmt::format("{}: not valid JSON: {}", file, e.what()));
-  }
+  return parse_json(read_whole_file(file), file);
 }
 
 // Tensor name -> shard file, from the index or the single file.

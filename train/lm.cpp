@@ -12,6 +12,7 @@
 
 #include "core/batch.h"
 #include "core/byte_tokenizer.h"
+#include "core/files.h"
 #include "core/optim.h"
 #include "core/safetensors.h"
 #include "core/step.h"
@@ -155,8 +156,8 @@ nlohmann::json recipe_json(const LmRecipe& r) {
 // Face loader uses for generation (eos/pad ids).
 void finish_directory(const LmRecipe& r, const LmResult& res, const std::string& log) {
   const fs::path dir(r.out);
-  nlohmann::json cfg =
-      nlohmann::json::parse(safetensors::read_file((dir / "config.json").string(), "config.json"));
+  nlohmann::json cfg = parse_json(read_whole_file((dir / "config.json").string(), "config.json"),
+                                  (dir / "config.json").string());
   cfg["bos_token_id"] = nullptr;
   cfg["eos_token_id"] = ByteTokenizer::kEnd;
   cfg["pad_token_id"] = ByteTokenizer::kPad;

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "core/files.h"
 #include "core/safetensors.h"
 #include "fixtures/test_support.h"
 #include "train/lm.h"
@@ -17,7 +18,7 @@ namespace {
 TEST(RealTextTargetNightly, RegenerationReproducesTheHeldOutLoss) {
   const std::string dir = testing_support::source_dir() + "/fixtures/targets/qwen3-bytes";
   const nlohmann::json shipped =
-      nlohmann::json::parse(safetensors::read_file(dir + "/result.json", "result.json"));
+      nlohmann::json::parse(read_whole_file(dir + "/result.json", "result.json"));
   LmRecipe r;
   if (!std::filesystem::exists(r.corpus + "/" + r.holdout))
     GTEST_SKIP() << r.corpus << " is not on this machine (Debian's base-files)";
@@ -25,8 +26,8 @@ TEST(RealTextTargetNightly, RegenerationReproducesTheHeldOutLoss) {
   r.out = tmp / "qwen3-bytes";
   r.log_every = 250;
   const LmResult got = train_byte_lm(r);
-  EXPECT_EQ(shipped["recipe"], nlohmann::json::parse(safetensors::read_file(
-                                   r.out + "/result.json", "result.json"))["recipe"])
+  EXPECT_EQ(shipped["recipe"],
+            nlohmann::json::parse(read_whole_file(r.out + "/result.json", "result.json"))["recipe"])
       << "the default recipe is not the one the shipped target was trained with";
   EXPECT_NEAR(got.heldout_bpb, shipped["heldout_bits_per_byte"].get<double>(), 0.02);
   EXPECT_NEAR(got.unigram_bpb, shipped["unigram_bits_per_byte"].get<double>(), 1e-9);

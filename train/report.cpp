@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/byte_tokenizer.h"
+#include "core/files.h"
 #include "core/safetensors.h"
 #include "core/text.h"
 
@@ -79,13 +80,7 @@ double num(const nlohmann::json& j, const char* key) {
   return it != j.end() && it->is_number() ? it->get<double>() : std::nan("");
 }
 
-std::string read_text(const fs::path& p) {
-  std::ifstream in(p);
-  if (!in) return "";
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+std::string read_text(const fs::path& p) { return read_file_if_present(p.string()).value_or(""); }
 
 std::vector<nlohmann::json> read_metrics(const fs::path& file) {
   std::ifstream in(file);

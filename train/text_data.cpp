@@ -10,6 +10,7 @@
 
 #include "core/batch.h"
 #include "core/byte_tokenizer.h"
+#include "core/files.h"
 #include "train/data.h"
 
 namespace dflash::train {
@@ -51,11 +52,7 @@ void read_jsonl_texts(const std::string& file, const std::string& body, std::vec
 }
 
 void read_text_file(const fs::path& p, std::vector<TextDoc>& out) {
-  std::ifstream in(p, std::ios::binary);
-  if (!in) throw DataError(fmt::format("{}: cannot open text file (data.path)", p.string()));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::string body = ss.str();
+  const std::string body = read_whole_file<DataError>(p.string(), "text file (data.path)");
   if (body.empty()) throw DataError(fmt::format("{}: empty file", p.string()));
   if (p.extension() == ".jsonl")
     read_jsonl_texts(p.string(), body, out);

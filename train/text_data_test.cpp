@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/byte_tokenizer.h"
+#include "core/files.h"
 #include "core/optim.h"
 #include "core/safetensors.h"
 #include "fixtures/fixtures.h"
@@ -257,7 +258,7 @@ TEST(TrainTargetBadInput, OptionsAreCheckedNamingTheFlag) {
 TEST(RealTextTarget, LoadsAndReproducesItsHeldOutBitsPerByte) {
   const std::string dir = testing_support::source_dir() + "/fixtures/targets/qwen3-bytes";
   const nlohmann::json result =
-      nlohmann::json::parse(safetensors::read_file(dir + "/result.json", "result.json"));
+      nlohmann::json::parse(read_whole_file(dir + "/result.json", "result.json"));
   const TargetConfig t = read_hf_config(dir);
   EXPECT_EQ(t.vocab_size, ByteTokenizer::kVocab);
   EXPECT_TRUE(has_byte_tokenizer(dir));
