@@ -17,11 +17,6 @@ namespace {
 
 bool g_ignore_memory_plan = false;
 
-std::string gb(double bytes) {
-  return bytes >= 1e8 ? fmt::format("{:.2f} GB", bytes / 1e9)
-                      : fmt::format("{:.1f} MB", bytes / 1e6);
-}
-
 // What the process (or, for a run on one host, all its ranks) needs: the
 // estimate's labelled line, or the sum of the ranks' lines.
 struct Need {
@@ -66,7 +61,7 @@ MemoryBudget memory_budget(const Config& c, Workload w, const Where& where, doub
   b.have = std::max(0.0, capacity - reserve);
   b.fits = b.need <= b.have;
   b.text = fmt::format("needs an estimated {}; offered {} ({} minus topology.memory_reserve_gb {})",
-                       n.what, gb(b.have), gb(capacity), gb(reserve));
+                       n.what, human_bytes(b.have), human_bytes(capacity), human_bytes(reserve));
   return b;
 }
 

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/device.h"
 #include "core/weights.h"
@@ -214,6 +215,14 @@ PlanItem cuda_allocator_item(const Config& c, const std::vector<PlanItem>& items
 }
 
 }  // namespace
+
+std::string human_bytes(double bytes, bool sign) {
+  const bool gb = std::abs(bytes) >= 1e8;
+  const double v = gb ? bytes / 1e9 : bytes / 1e6;
+  const char* unit = gb ? "GB" : "MB";
+  if (sign) return gb ? fmt::format("{:+.2f} {}", v, unit) : fmt::format("{:+.1f} {}", v, unit);
+  return gb ? fmt::format("{:.2f} {}", v, unit) : fmt::format("{:.1f} {}", v, unit);
+}
 
 double machine_memory_bytes() {
   return double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));

@@ -99,6 +99,11 @@ std::vector<Figure> spec_figures(const Config& c);
 // Physical memory of this machine (bytes).
 double machine_memory_bytes();
 
+// Bytes for a person: "1.23 GB" from 0.1 GB up, "45.6 MB" below; with
+// `sign`, "+1.23 GB" / "-45.6 MB" (a headroom). What the memory guard and
+// preflight print (the planner's tables and labelled lines keep GB columns).
+std::string human_bytes(double bytes, bool sign = false);
+
 // One memory story (issue 36): `dflash plan`, preflight and the memory guard
 // all print their figures from estimate_memory, each labelled with the
 // workload it counts and the device it is counted for.

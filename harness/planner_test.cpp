@@ -55,6 +55,15 @@ TEST(Planner, TrainCountsTheQueryChunkedTargetForward) {
   EXPECT_DOUBLE_EQ(target_items(c, TargetAttention::kQueryChunked)[1].bytes, dense.bytes);
 }
 
+// The one byte formatter of the guard and preflight.
+TEST(Planner, HumanBytes) {
+  EXPECT_EQ(human_bytes(78e9), "78.00 GB");
+  EXPECT_EQ(human_bytes(0.1e9), "0.10 GB");
+  EXPECT_EQ(human_bytes(45.6e6), "45.6 MB");
+  EXPECT_EQ(human_bytes(2.5e9, /*sign=*/true), "+2.50 GB");
+  EXPECT_EQ(human_bytes(-3e6, /*sign=*/true), "-3.0 MB");
+}
+
 TEST(Planner, SeedVerdicts) {
   const Config c = seed();
   for (const PlanVariant& v : standard_variants(c)) {

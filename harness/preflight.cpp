@@ -88,11 +88,6 @@ int Preflight::finish() const {
   return failed ? 1 : 0;
 }
 
-std::string human(double bytes) {
-  if (std::abs(bytes) >= 1e9) return fmt::format("{:+.2f} GB", bytes / 1e9);
-  return fmt::format("{:+.2f} MB", bytes / 1e6);
-}
-
 int64_t round_scaled(int64_t value, double scale) {
   return std::max<int64_t>(1, int64_t(std::llround(double(value) * scale)));
 }
@@ -170,7 +165,7 @@ void plan_check(Row& r, const Subject& s) {
   for (size_t i = 0; i < p.ranks.size(); ++i)
     if (p.ranks[i].headroom < p.ranks[worst].headroom) worst = i;
   r.figure = fmt::format("{}: headroom {}: {}", p.fits() ? "fits" : "OOM",
-                         human(p.ranks[worst].headroom), es[worst].line());
+                         human_bytes(p.ranks[worst].headroom, /*sign=*/true), es[worst].line());
   if (!p.fits()) r.result = "FAIL", r.detail = p.format(true);
 }
 
