@@ -55,7 +55,7 @@ class LossCase : public BenchCase {
         dt_(w.gpu_sizes() ? at::kBFloat16 : at::kFloat) {
     at::manual_seed(0);
     cfg_ = fixtures::micro_config();
-    cfg_.loss = {1.0, 1.0, 1.0, 0.0, C_};
+    cfg_.loss = fixtures::ce_kl_loss(/*kl_weight=*/1.0, C_);
     if (objective) cfg_.loss = objective->loss, cfg_.loss.chunk_size = C_;
     label_ = objective ? objective->name : "CE+KL";
     cfg_.optimized.kernels = w.kernels;
@@ -63,14 +63,10 @@ class LossCase : public BenchCase {
     D_ = at::randn({1, Q_, H_}, o).requires_grad_(true);          // (1, Q, H)
     Ht_ = at::randn({1, Q_, H_}, o);                              // (1, Q, H)
     W_ = at::randn({V_, H_}, o) * (1.0 / std::sqrt(double(H_)));  // (V, H)
-    const int64_t bs = 16, N = Q_ / bs;
-    const auto idx = at::TensorOptions().device(w.device).dtype(at::kLong);
-    layout_.block_size = bs;
-    layout_.labels = at::randint(V_, {1, Q_}, idx);
-    layout_.teacher_index = at::arange(Q_, idx).view({1, Q_});
-    layout_.counted = at::ones({1, Q_}, idx.dtype(at::kBool));
-    layout_.weights = at::ones({1, Q_}, idx.dtype(at::kDouble));
-    anchors_ = {at::zeros({1, N}, idx), at::ones({1, N}, idx.dtype(at::kBool))};
+    fixtures::CountedRows rows =
+        fixtures::every_row_counted(Q_, V_, at::TensorOptions().device(w.device));
+    layout_ = std::move(rows.layout);
+    anchors_ = std::move(rows.anchors);
   }
   std::string name() const override { return "loss"; }
   std::string shape() const override {
@@ -168,7 +164,8 @@ class StepCase : public BenchCase {
     cfg_.drafter.target_layer_ids = {0, 1};
     cfg_.data = DataConfig::batch("fixture", 1, quick ? 256 : 1024, 16, quick ? 16 : 64,
                                   cfg_.target.vocab_size - 1);
-    cfg_.loss = {1.0, 0.5, 1.0, 7.0, quick ? 64 : 256};
+    cfg_.loss = fixtures::ce_kl_loss(/*kl_weight=*/0.5, quick ? 64 : 256);
+    cfg_.loss.gamma = 7.0;
     cfg_.optimized.checkpoint_layers = true;
     cfg_.optimized.kernels = w.kernels;
     cfg_.topology.device = w.device.str();

@@ -40,7 +40,7 @@ Config config_of(const Sweep& w) {
   c.drafter.num_hidden_layers = w.Nd;
   c.drafter.target_layer_ids = {0, 1};
   c.data = DataConfig::batch("fixture", w.B, w.S, w.bs, w.N, w.V - 1);
-  c.loss = {1.0, 0.5, 1.0, 0.0, w.chunk};
+  c.loss = fixtures::ce_kl_loss(/*kl_weight=*/0.5, w.chunk);
   c.optimized.attention_tile = 64;
   validate_config(c);
   return c;

@@ -92,17 +92,13 @@ TEST_F(Gpu, ChunkedLossUnderItsFormulaOnTheCudaProbe) {
     const auto o = at::TensorOptions().device(dev_).dtype(at::kFloat);
     const auto idx = o.dtype(at::kLong);
     Config c = fixtures::micro_config();
-    c.loss = {1.0, kl ? 0.5 : 0.0, 1.0, 0.0, C};
+    c.loss = fixtures::ce_kl_loss(kl ? 0.5 : 0.0, C);
     c.topology.device = dev_.str();
     const at::Tensor D = at::randn({1, Q, H}, o).requires_grad_(true), Ht = at::randn({1, Q, H}, o);
     const at::Tensor W = at::randn({V, H}, o);
-    DraftLayout l;
-    l.block_size = 16;
-    l.labels = at::randint(V, {1, Q}, idx);
-    l.teacher_index = at::arange(Q, idx).view({1, Q});
-    l.counted = at::ones({1, Q}, idx.dtype(at::kBool));
-    l.weights = at::ones({1, Q}, idx.dtype(at::kDouble));
-    const Anchors a{at::zeros({1, Q / 16}, idx), at::ones({1, Q / 16}, idx.dtype(at::kBool))};
+    const fixtures::CountedRows rows = fixtures::every_row_counted(Q, V, idx);
+    const DraftLayout& l = rows.layout;
+    const Anchors& a = rows.anchors;
     int64_t peak;
     {
       AllocProbe::Scope scope(dev_);

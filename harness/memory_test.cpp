@@ -8,10 +8,10 @@
 
 #include "core/alloc_probe.h"
 #include "fixtures/fixtures.h"
+#include "harness/zoo.h"
 #include "optimized/chunked_loss.h"
 #include "optimized/sparse_attention.h"
 #include "optimized/step.h"
-#include "harness/zoo.h"
 #include "reference/step.h"
 
 namespace dflash::harness {
@@ -34,17 +34,14 @@ LossSetup loss_setup(int64_t Q, int64_t H, int64_t V, int64_t C, bool kl,
                      optimized::Kernels kernels) {
   LossSetup s;
   s.cfg = fixtures::micro_config();
-  s.cfg.loss = {1.0, kl ? 0.5 : 0.0, 1.0, 0.0, C};
+  s.cfg.loss = fixtures::ce_kl_loss(kl ? 0.5 : 0.0, C);
   s.cfg.optimized.kernels = optimized::kernels_name(kernels);
   s.D = at::randn({1, Q, H}).requires_grad_(true);
   s.Ht = at::randn({1, Q, H});
   s.W = at::randn({V, H});
-  s.layout.block_size = 16;
-  s.layout.labels = at::randint(V, {1, Q}, at::kLong);
-  s.layout.teacher_index = at::arange(Q, at::kLong).view({1, Q});
-  s.layout.counted = at::ones({1, Q}, at::kBool);
-  s.layout.weights = at::ones({1, Q}, at::kDouble);
-  s.anchors = {at::zeros({1, Q / 16}, at::kLong), at::ones({1, Q / 16}, at::kBool)};
+  fixtures::CountedRows rows = fixtures::every_row_counted(Q, V);
+  s.layout = std::move(rows.layout);
+  s.anchors = std::move(rows.anchors);
   s.M = Q;
   return s;
 }
@@ -145,9 +142,8 @@ struct ObjectiveRow {
   double kl, reverse_kl, jsd, jsd_beta, tv;
 };
 constexpr ObjectiveRow kObjectiveRows[] = {
-    {"kl", 1, 0, 0, 0.5, 0},          {"reverse_kl", 0, 1, 0, 0.5, 0},
-    {"jsd", 0, 0, 1, 0.5, 0},         {"jsd_beta_0", 0, 0, 1, 0, 0},
-    {"jsd_beta_1", 0, 0, 1, 1, 0},    {"tv", 0, 0, 0, 0.5, 1},
+    {"kl", 1, 0, 0, 0.5, 0},          {"reverse_kl", 0, 1, 0, 0.5, 0}, {"jsd", 0, 0, 1, 0.5, 0},
+    {"jsd_beta_0", 0, 0, 1, 0, 0},    {"jsd_beta_1", 0, 0, 1, 1, 0},   {"tv", 0, 0, 0, 0.5, 1},
     {"all", 0.3, 0.2, 0.7, 0.3, 0.4},
 };
 

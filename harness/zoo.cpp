@@ -205,8 +205,8 @@ enum class ObjectiveBug { kReverseKlNoEntropy, kJsdBetaSwapped, kTvNoJacobian, k
 
 // The per-position distillation terms with one bug, on full logits (plain
 // autograd): (B, Q) kl, reverse KL, JSD and TV in the reference's order.
-reference::DistillTerms buggy_terms(const LossConfig& L, const at::Tensor& ls,
-                                    const at::Tensor& lt, const at::Tensor& z, ObjectiveBug bug) {
+reference::DistillTerms buggy_terms(const LossConfig& L, const at::Tensor& ls, const at::Tensor& lt,
+                                    const at::Tensor& z, ObjectiveBug bug) {
   reference::DistillTerms t = reference::distill_terms(L, ls, lt);
   const at::Tensor ps = ls.exp(), pt = lt.exp();
   if (bug == ObjectiveBug::kReverseKlNoEntropy && L.reverse_kl_weight != 0) {
@@ -235,7 +235,8 @@ at::Tensor dpace_exclusive(const at::Tensor& ce, const at::Tensor& counted, int6
                            double alpha) {
   const int64_t B = ce.size(0), N = ce.size(1) / bs;
   const at::Tensor c = counted.view({B, N, bs});
-  const at::Tensor sm = at::where(c, (1 - alpha) * (-ce.detach().to(at::kDouble)).exp().view({B, N, bs}) + alpha, 1.0);
+  const at::Tensor sm = at::where(
+      c, (1 - alpha) * (-ce.detach().to(at::kDouble)).exp().view({B, N, bs}) + alpha, 1.0);
   const at::Tensor incl = sm.cumprod(2);
   const at::Tensor prefix = (incl / sm) * c;  // C_{k-1}
   return (prefix.flip(2).cumsum(2).flip(2) * c).view({B, N * bs});
@@ -287,9 +288,8 @@ StepOutputs objective_mutant(const Config& c, const at::Tensor& D, const at::Ten
 
 LossFn objective_mutant_fn(ObjectiveBug bug) {
   return [bug](const Config& c, const at::Tensor& D, const at::Tensor& Ht, const at::Tensor& W,
-               const DraftLayout& l, const Anchors& a) {
-    return objective_mutant(c, D, Ht, W, l, a, bug);
-  };
+               const DraftLayout& l,
+               const Anchors& a) { return objective_mutant(c, D, Ht, W, l, a, bug); };
 }
 
 // --- mutants of the checkpoint and of the frozen weights -------------------
@@ -431,17 +431,13 @@ MemoryVerdict attention_memory_check(const AttentionFn& attention, optimized::Ke
 MemoryVerdict loss_memory_check(const LossFn& loss, optimized::Kernels kernels) {
   const int64_t Q = 1024, H = 32, V = 8192, C = 64;
   Config c = fixtures::micro_config();
-  c.loss = {1.0, 0.5, 1.0, 0.0, C};
+  c.loss = fixtures::ce_kl_loss(/*kl_weight=*/0.5, C);
   c.optimized.kernels = optimized::kernels_name(kernels);
   const at::Tensor D = at::randn({1, Q, H}).requires_grad_(), Ht = at::randn({1, Q, H}),
                    W = at::randn({V, H});
-  DraftLayout l;
-  l.block_size = 16;
-  l.labels = at::randint(V, {1, Q}, at::kLong);
-  l.teacher_index = at::arange(Q, at::kLong).view({1, Q});
-  l.counted = at::ones({1, Q}, at::kBool);
-  l.weights = at::ones({1, Q}, at::kDouble);
-  const Anchors a{at::zeros({1, Q / 16}, at::kLong), at::ones({1, Q / 16}, at::kBool)};
+  const fixtures::CountedRows rows = fixtures::every_row_counted(Q, V);
+  const DraftLayout& l = rows.layout;
+  const Anchors& a = rows.anchors;
   AllocProbe::install();
   int64_t peak;
   {
@@ -469,8 +465,7 @@ const std::vector<Mutant>& zoo() {
       {"loss_upstream_ignored", "a loss backward that assumes an upstream gradient of 1", "parity"},
       {"per_rank_normalisation", "loss normalised per rank (two-shard split)", "parity"},
       {"decay_off_by_one", "loss weights decayed from k = 0 instead of k = 1", "parity"},
-      {"reverse_kl_without_entropy", "reverse KL whose gradient misses the entropy term",
-       "parity"},
+      {"reverse_kl_without_entropy", "reverse KL whose gradient misses the entropy term", "parity"},
       {"jsd_beta_swapped", "JSD's mixture with beta on the student's side", "parity"},
       {"tv_without_softmax_jacobian", "TV's gradient taken w.r.t. p_s as if it were the logits'",
        "parity"},

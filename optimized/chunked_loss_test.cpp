@@ -61,7 +61,9 @@ struct LossRun {
 LossRun run(decltype(&reference::loss_and_metrics) fn, const LossCase& lc, const LossInputs& in,
             at::ScalarType dtype, double upstream, Kernels kernels = Kernels::kHost) {
   Config c = fixtures::micro_config();
-  c.loss = {lc.ce_weight, lc.kl_weight, lc.temperature, lc.gamma, lc.chunk};
+  c.loss = LossConfig{};
+  c.loss.ce_weight = lc.ce_weight, c.loss.kl_weight = lc.kl_weight;
+  c.loss.temperature = lc.temperature, c.loss.gamma = lc.gamma, c.loss.chunk_size = lc.chunk;
   c.optimized.kernels = kernels_name(kernels);
   const at::Tensor leaf = in.D.detach().to(dtype).clone().requires_grad_(true);
   const at::Tensor D = leaf * 1.0;  // a non-leaf, as in the step
