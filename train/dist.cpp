@@ -321,13 +321,20 @@ void copy_back(std::vector<at::Tensor>& t, const std::vector<at::Tensor>& h) {
 
 }  // namespace
 
-void Cluster::send(std::vector<at::Tensor>& t_in, int64_t dst, int tag, const std::string& what) {
-  std::vector<at::Tensor> t = on(t_in, transport_);
+void Cluster::blocking(std::vector<at::Tensor>& io, bool copy_result, const std::string& what,
+                       const Op& op) {
+  std::vector<at::Tensor> t = on(io, transport_);
   try {
-    world_->send(t, int(dst), tag)->wait(timeout_);
+    op(t)->wait(timeout_);
   } catch (const std::exception& e) {
-    fail(fmt::format("{} (send to rank {})", what, dst), e);
+    fail(what, e);
   }
+  if (copy_result) copy_back(io, t);
+}
+
+void Cluster::send(std::vector<at::Tensor>& t_in, int64_t dst, int tag, const std::string& what) {
+  blocking(t_in, false, fmt::format("{} (send to rank {})", what, dst),
+           [&](std::vector<at::Tensor>& t) { return world_->send(t, int(dst), tag); });
 }
 
 void Cluster::isend(std::vector<at::Tensor> tensors, int64_t dst, int tag, size_t max_in_flight,
@@ -354,35 +361,22 @@ void Cluster::wait_sends(size_t max_in_flight, const std::string& what) {
 }
 
 void Cluster::recv(std::vector<at::Tensor>& t_out, int64_t src, int tag, const std::string& what) {
-  std::vector<at::Tensor> t = on(t_out, transport_);
-  try {
-    world_->recv(t, int(src), tag)->wait(timeout_);
-  } catch (const std::exception& e) {
-    fail(fmt::format("{} (receive from rank {})", what, src), e);
-  }
-  copy_back(t_out, t);
+  blocking(t_out, true, fmt::format("{} (receive from rank {})", what, src),
+           [&](std::vector<at::Tensor>& t) { return world_->recv(t, int(src), tag); });
 }
 
 void Cluster::allreduce_drafters(std::vector<at::Tensor>& t_io, const std::string& what) {
-  std::vector<at::Tensor> t = on(t_io, transport_);
-  try {
-    drafters_->allreduce(t)->wait(timeout_);
-  } catch (const std::exception& e) {
-    fail(what + " (all-reduce over the drafter ranks)", e);
-  }
-  copy_back(t_io, t);
+  blocking(t_io, true, what + " (all-reduce over the drafter ranks)",
+           [&](std::vector<at::Tensor>& t) { return drafters_->allreduce(t); });
 }
 
 void Cluster::broadcast_drafters(std::vector<at::Tensor>& t_io, const std::string& what) {
-  std::vector<at::Tensor> t = on(t_io, transport_);
-  try {
-    c10d::BroadcastOptions o;
-    o.rootRank = 0;
-    drafters_->broadcast(t, o)->wait(timeout_);
-  } catch (const std::exception& e) {
-    fail(what + " (broadcast from the first drafter rank)", e);
-  }
-  copy_back(t_io, t);
+  blocking(t_io, true, what + " (broadcast from the first drafter rank)",
+           [&](std::vector<at::Tensor>& t) {
+             c10d::BroadcastOptions o;
+             o.rootRank = 0;
+             return drafters_->broadcast(t, o);
+           });
 }
 
 void Cluster::announce_stop(int sig) {

@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -118,6 +119,14 @@ class Cluster {
   void compare_config_hashes(const Config& c);
   void heartbeat_loop();
   std::string silent_ranks() const;
+  // The shape every blocking transfer shares: the tensors staged where the
+  // backend wants them, `op` started on them and waited for (the cluster's
+  // timeout), a failure named by `what`, and, with `copy_result`, the
+  // result copied back into the caller's tensors (receive, all-reduce,
+  // broadcast).
+  using Op = std::function<c10::intrusive_ptr<c10d::Work>(std::vector<at::Tensor>&)>;
+  void blocking(std::vector<at::Tensor>& io, bool copy_result, const std::string& what,
+                const Op& op);
 
   Config cfg_;
   Env env_;
