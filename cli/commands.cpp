@@ -114,8 +114,8 @@ int cmd_step(const StepArgs& a) {
   const c10::Device dev = config_device(c);
   activate_device(dev, c.path + ": topology.device");
   const auto t0 = std::chrono::steady_clock::now();
-  TargetWeights target = fixtures::make_target(c);
-  DrafterWeights drafter = fixtures::make_drafter(c);
+  TargetWeights target = make_target(c);
+  DrafterWeights drafter = make_drafter(c);
   // The fixture batch is built on the host, then the step runs on the device.
   const StepInputs in = to_device(fixtures::make_step_inputs(c, target, a.step), dev);
   to_device(target, dev), to_device(drafter, dev);
@@ -129,8 +129,8 @@ int cmd_dump(const DumpArgs& a) {
   fixtures::require_fixture_sources(c, "dflash dump");
   harness::guard_memory(c, harness::Workload::kReferenceStep, "dflash dump");
   configure_threads(a.threads >= 0 ? a.threads : c.run.threads);
-  const TargetWeights target = fixtures::make_target(c);
-  const DrafterWeights drafter = fixtures::make_drafter(c);
+  const TargetWeights target = make_target(c);
+  const DrafterWeights drafter = make_drafter(c);
   const StepInputs in = fixtures::make_step_inputs(c, target, a.step);
   StepResult r = run_step(reference::drafter_step, c, drafter, target.frozen(), in);
   harness::write_step_dump(a.out, c, drafter, target.frozen(), in, r);

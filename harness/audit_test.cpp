@@ -17,9 +17,7 @@ struct Case {
   DrafterWeights w;
   StepInputs in;
   Case()
-      : target(fixtures::make_target(c)),
-        w(fixtures::make_drafter(c)),
-        in(fixtures::make_step_inputs(c, target, 0)) {}
+      : target(make_target(c)), w(make_drafter(c)), in(fixtures::make_step_inputs(c, target, 0)) {}
 };
 
 TEST(Audit, TableCoversEveryTrainableAndFrozenTensor) {

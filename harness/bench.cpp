@@ -172,8 +172,8 @@ class StepCase : public BenchCase {
     if (w.gpu_sizes()) cfg_.run.dtype = DType::kBFloat16;
     validate_config(cfg_);
     guard_memory(cfg_, Workload::kReferenceStep, "dflash bench");
-    target_ = fixtures::make_target(cfg_);
-    drafter_ = fixtures::make_drafter(cfg_);
+    target_ = make_target(cfg_);
+    drafter_ = make_drafter(cfg_);
     in_ = fixtures::make_step_inputs(cfg_, target_, 0);  // on the host, then moved
     to_device(target_, w.device);
     to_device(drafter_, w.device);

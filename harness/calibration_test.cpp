@@ -58,8 +58,8 @@ class Calibration : public ::testing::TestWithParam<Sweep> {
   void SetUp() override {
     AllocProbe::install();
     c = config_of(GetParam());
-    target = fixtures::make_target(c);
-    w = fixtures::make_drafter(c);
+    target = make_target(c);
+    w = make_drafter(c);
     in = fixtures::make_step_inputs(c, target, 0);
     in.anchors.keep.fill_(true);  // every block kept: Q is exactly N * bs
     layout = make_draft_layout(in.input_ids, in.loss_mask, in.anchors, c.data.block_size,

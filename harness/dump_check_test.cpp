@@ -29,8 +29,8 @@ struct Checked {
 Checked dump_and_check(const TmpDir& tmp, DType dtype, const Tamper& tamper, DumpMode mode) {
   Config c = fixtures::micro_config();
   c.run.dtype = dtype;
-  const TargetWeights target = fixtures::make_target(c);
-  const DrafterWeights drafter = fixtures::make_drafter(c);
+  const TargetWeights target = make_target(c);
+  const DrafterWeights drafter = make_drafter(c);
   const StepInputs in = fixtures::make_step_inputs(c, target, 2);
   const StepResult r = run_step(reference::drafter_step, c, drafter, target.frozen(), in);
   const std::string clean = tmp / "clean.safetensors", path = tmp / "tampered.safetensors";

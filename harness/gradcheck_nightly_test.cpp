@@ -21,8 +21,8 @@ RC_GTEST_PROP(ReferenceGradcheckNightly, GeneratedConfigsMatchFiniteDifferences,
   // row dpace_alpha_1_kl); the detachment itself is
   // optimized.Dpace.WeightsCarryNoGradient.
   if (c.loss.weighting == Weighting::kDpace) c.loss.dpace_alpha = 1.0;
-  const TargetWeights target = fixtures::make_target(c);
-  const DrafterWeights w = fixtures::make_drafter(c);
+  const TargetWeights target = make_target(c);
+  const DrafterWeights w = make_drafter(c);
   const StepInputs in = fixtures::make_step_inputs(c, target, *rc::gen::inRange<uint64_t>(0, 50));
   auto loss = [&] { return reference::drafter_step(c, w, target.frozen(), in).loss; };
   const GradcheckReport rep = gradcheck(loss, named(w), {4, 1e-3, 1e-6, 1e-3, c.run.seed});

@@ -55,9 +55,7 @@ const GradcheckCase kCases[] = {
        c.loss.temperature = 1.3;
      }},
     {"jsd_beta_0_3_with_ce",
-     [](Config& c) {
-       c.loss.kl_weight = 0, c.loss.jsd_weight = 1, c.loss.jsd_beta = 0.3;
-     }},
+     [](Config& c) { c.loss.kl_weight = 0, c.loss.jsd_weight = 1, c.loss.jsd_beta = 0.3; }},
     {"tv_only_uniform",
      [](Config& c) {
        c.loss.ce_weight = 0, c.loss.kl_weight = 0, c.loss.tv_weight = 1;
@@ -85,8 +83,8 @@ TEST_P(ReferenceGradcheck, MatchesFiniteDifferences) {
   Config c = fixtures::micro_config();
   GetParam().change(c);
   validate_config(c);
-  const TargetWeights target = fixtures::make_target(c);
-  const DrafterWeights w = fixtures::make_drafter(c);
+  const TargetWeights target = make_target(c);
+  const DrafterWeights w = make_drafter(c);
   const StepInputs in = fixtures::make_step_inputs(c, target, 1);
   auto loss = [&] { return reference::drafter_step(c, w, target.frozen(), in).loss; };
   const GradcheckReport rep = gradcheck(loss, named(w), {8, 1e-3, 1e-6, 1e-3, 5});
@@ -102,8 +100,8 @@ INSTANTIATE_TEST_SUITE_P(Configs, ReferenceGradcheck, ::testing::ValuesIn(kCases
 // checkpoint input does) leaves its analytic gradient at zero.
 TEST(GradcheckZoo, DetachedParameterFails) {
   const Config c = fixtures::micro_config();
-  const TargetWeights target = fixtures::make_target(c);
-  const DrafterWeights w = fixtures::make_drafter(c);
+  const TargetWeights target = make_target(c);
+  const DrafterWeights w = make_drafter(c);
   const StepInputs in = fixtures::make_step_inputs(c, target, 1);
   auto loss = [&] {
     DrafterWeights cut = w;

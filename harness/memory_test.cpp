@@ -210,8 +210,8 @@ TEST(MemoryCeilingStep, CheckpointedLayersKeepOnlyTheirInputs) {
   c.drafter.num_hidden_layers = 3;
   c.data = DataConfig::batch("fixture", 2, 64, 4, 8, 31);
   c.optimized.checkpoint_layers = true;
-  const TargetWeights target = fixtures::make_target(c);
-  const DrafterWeights w = fixtures::make_drafter(c);
+  const TargetWeights target = make_target(c);
+  const DrafterWeights w = make_drafter(c);
   const StepInputs in = fixtures::make_step_inputs(c, target, 0);
   const DraftLayout l = make_draft_layout(in.input_ids, in.loss_mask, in.anchors, 4, 31, 0.0);
   auto held = [&](bool checkpointed) {

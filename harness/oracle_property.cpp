@@ -122,8 +122,8 @@ std::string compare_gradients(const Config& c, const StepResult& r, const Oracle
 std::string oracle_differences(const Config& cfg, const StepFn& shared) {
   Config c = cfg;
   c.run.dtype = DType::kFloat64;
-  const TargetWeights target = fixtures::make_target(c);
-  const DrafterWeights w = fixtures::make_drafter(c);
+  const TargetWeights target = make_target(c);
+  const DrafterWeights w = make_drafter(c);
   const StepInputs in = fixtures::make_step_inputs(c, target, 0);
   const StepResult r = run_step(shared, c, w, target.frozen(), in);
   const OracleInputs oi = oracle_inputs(in);

@@ -2,7 +2,6 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
-
 #include <torch/csrc/autograd/autograd.h>
 
 #include "fixtures/fixtures.h"
@@ -15,8 +14,8 @@ StepCase make_case(const Config& c, uint64_t step) {
   StepCase s;
   s.config = c;
   s.config.run.dtype = DType::kFloat64;
-  s.target = fixtures::make_target(s.config);
-  s.drafter = fixtures::make_drafter(s.config);
+  s.target = make_target(s.config);
+  s.drafter = make_drafter(s.config);
   s.inputs = fixtures::make_step_inputs(s.config, s.target, step);
   return s;
 }
@@ -115,7 +114,7 @@ at::Tensor tv_sign_ties(const at::Tensor& log_ps, const at::Tensor& log_pt,
                         const at::Tensor& log_ps_candidate, const at::Tensor& weighted,
                         double band) {
   const at::Tensor side = log_ps > log_pt, side_c = log_ps_candidate > log_pt;  // (B, Q, V)
-  const at::Tensor close = (log_ps - log_pt).abs() <= band;                      // (B, Q, V)
+  const at::Tensor close = (log_ps - log_pt).abs() <= band;                     // (B, Q, V)
   return ((side != side_c) | close) & weighted.unsqueeze(-1);
 }
 
@@ -149,7 +148,7 @@ std::map<std::string, at::Tensor> tv_sign_slack(const StepCase& c64, const StepR
   const at::Tensor log_ps_c = at::log_softmax(
       reference::project(cand.out.student_hidden.detach().to(at::kCPU, at::kDouble), f.lm_head) /
           L.temperature,
-      -1);  // (B, Q, V)
+      -1);                    // (B, Q, V)
   at::Tensor wt = l.weights;  // (B, Q) step 8's weights; D-PACE's as the reference takes them
   if (L.weighting == Weighting::kDpace) {
     const at::Tensor ce = at::logsumexp(logits, -1) -

@@ -58,8 +58,8 @@ CheckRow property_row(const PropertyOutcome& o, const ParityOptions& opt) {
 
 CheckRow audit_row(const std::string& name, const StepFn& fn, const Config& c) {
   const auto t0 = std::chrono::steady_clock::now();
-  const TargetWeights target = fixtures::make_target(c);
-  const DrafterWeights w = fixtures::make_drafter(c);
+  const TargetWeights target = make_target(c);
+  const DrafterWeights w = make_drafter(c);
   const StepInputs in = fixtures::make_step_inputs(c, target, 0);
   const AuditReport rep = audit_step(fn, c, w, target, in);
   return {name, rep.ok(),
@@ -270,8 +270,8 @@ int run_audit(const Config& c, const std::string& build) {
   fixtures::require_fixture_sources(c, "dflash audit");
   guard_memory(c, build == "optimized" ? Workload::kStep : Workload::kReferenceStep,
                "dflash audit");
-  const TargetWeights target = fixtures::make_target(c);
-  const DrafterWeights w = fixtures::make_drafter(c);
+  const TargetWeights target = make_target(c);
+  const DrafterWeights w = make_drafter(c);
   const StepInputs in = fixtures::make_step_inputs(c, target, 0);
   const StepFn fn =
       build == "optimized" ? StepFn(optimized::drafter_step) : StepFn(reference::drafter_step);

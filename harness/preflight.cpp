@@ -213,8 +213,8 @@ void twin_parity_check(Row& r, const Subject& s, const PreflightOptions& o) {
 }
 
 void twin_audit_check(Row& r, const Subject& s) {
-  const TargetWeights target = fixtures::make_target(s.twin);
-  const DrafterWeights w = fixtures::make_drafter(s.twin);
+  const TargetWeights target = make_target(s.twin);
+  const DrafterWeights w = make_drafter(s.twin);
   const StepInputs in = fixtures::make_step_inputs(s.twin, target, 0);
   const AuditReport rep = audit_step(s.step, s.twin, w, target, in);
   r.figure = fmt::format("{} tensors, {} findings", rep.rows.size(), rep.findings.size());
@@ -246,8 +246,8 @@ void real_step_check(Row& r, const Subject& s) {
     r.figure = "does not fit here: " + b.text;
     return;
   }
-  const TargetWeights target = fixtures::make_target(s.config);
-  const DrafterWeights w = fixtures::make_drafter(s.config);
+  const TargetWeights target = make_target(s.config);
+  const DrafterWeights w = make_drafter(s.config);
   const StepInputs in = fixtures::make_step_inputs(s.config, target, 0);
   const StepResult res = run_step(s.step, s.config, w, target.frozen(), in);
   const double loss = res.out.loss.item<double>();

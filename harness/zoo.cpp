@@ -375,8 +375,8 @@ Config audit_config() {
 KillRow audit_kill(const Mutant& m, const StepFn& fn, char cls) {
   const auto t0 = std::chrono::steady_clock::now();
   const Config c = audit_config();
-  const TargetWeights target = fixtures::make_target(c);
-  const DrafterWeights w = fixtures::make_drafter(c);
+  const TargetWeights target = make_target(c);
+  const DrafterWeights w = make_drafter(c);
   const StepInputs in = fixtures::make_step_inputs(c, target, 0);
   const AuditReport rep = audit_step(fn, c, w, target, in);
   KillRow r{m, rep.has(cls), rep.has(cls) ? "audit" : "", config_size(c), "", 0};

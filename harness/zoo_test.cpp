@@ -56,8 +56,8 @@ TEST(ZooControls, RealComponentsPassTheMemoryChecks) {
 TEST(ZooControls, RealStepsPassTheAudit) {
   Config c = fixtures::micro_config();
   c.optimized.checkpoint_layers = true;
-  const TargetWeights target = fixtures::make_target(c);
-  const DrafterWeights w = fixtures::make_drafter(c);
+  const TargetWeights target = make_target(c);
+  const DrafterWeights w = make_drafter(c);
   const StepInputs in = fixtures::make_step_inputs(c, target, 0);
   const AuditReport ref = audit_step(reference::drafter_step, c, w, target, in);
   EXPECT_TRUE(ref.ok()) << ref.format();

@@ -22,7 +22,7 @@ class ChunkedTarget : public ::testing::TestWithParam<int64_t> {};
 
 TEST_P(ChunkedTarget, EqualsTheDenseForwardInFloat64) {
   const Config c = target_config(23, GetParam());
-  const TargetWeights w = fixtures::make_target(c);
+  const TargetWeights w = make_target(c);
   const fixtures::Batch b = fixtures::make_batch(c, 3);
   const reference::TargetOutputs dense = reference::target_forward(c, w, b.input_ids);
   const reference::TargetOutputs chunked = target_forward(c, w, b.input_ids);
@@ -40,7 +40,7 @@ TEST(ChunkedTarget, ScoresScaleWithTheChunk) {
   AllocProbe::install();
   Config c = target_config(512, 0);
   c.data.batch_size = 1;
-  const TargetWeights w = fixtures::make_target(c);
+  const TargetWeights w = make_target(c);
   const at::Tensor ids = at::randint(0, 30, {1, 512}, at::kLong);
   auto peak = [&](int64_t chunk) {
     c.optimized.target_query_chunk = chunk;

@@ -105,8 +105,8 @@ struct StepSetup {
   StepInputs in;
   explicit StepSetup(Config cfg, uint64_t step = 0)
       : c(std::move(cfg)),
-        target(fixtures::make_target(c)),
-        drafter(fixtures::make_drafter(c)),
+        target(make_target(c)),
+        drafter(make_drafter(c)),
         in(fixtures::make_step_inputs(c, target, step)) {}
 };
 

@@ -124,8 +124,8 @@ TEST(Eval, PromptFilesAreReadOrRefusedNamingTheLine) {
 // figure exactly.
 TEST(Eval, ServedReportCountsAddUp) {
   Config c = testing::small_config();
-  const TargetWeights t = fixtures::make_target(c);
-  const DrafterWeights w = fixtures::make_drafter(c);
+  const TargetWeights t = make_target(c);
+  const DrafterWeights w = make_drafter(c);
   const std::vector<std::vector<int64_t>> prompts = {{1, 2, 3}, {4, 5}, {6, 7, 8, 9, 10}};
   ServedOptions o;
   o.block_size = 4, o.max_new_tokens = 20, o.max_context = 64, o.budgets = {1, 8};

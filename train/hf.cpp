@@ -9,9 +9,9 @@
 #include <set>
 
 #include "core/files.h"
+#include "core/init.h"
 #include "core/safetensors.h"
 #include "core/step.h"
-#include "fixtures/fixtures.h"
 #include "train/data.h"
 
 namespace dflash::train {
@@ -118,7 +118,7 @@ TargetWeights load_hf_target(const Config& c) {
 }
 
 FrozenWeights load_frozen(const Config& c) {
-  if (c.target.source != "hf") return fixtures::make_target(c).frozen();
+  if (c.target.source != "hf") return make_target(c).frozen();
   std::vector<ParamSpec> specs;
   for (const ParamSpec& s : target_specs(c))
     if (s.name == "model.embed_tokens.weight" || s.name == "lm_head.weight") specs.push_back(s);
@@ -129,7 +129,7 @@ FrozenWeights load_frozen(const Config& c) {
 
 TargetWeights load_target(const Config& c) {
   if (c.target.source == "hf") return load_hf_target(c);
-  return fixtures::make_target(c);
+  return make_target(c);
 }
 
 nlohmann::json qwen3_fields(const LayerShape& s, int64_t vocab_size, int64_t num_layers,

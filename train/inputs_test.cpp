@@ -53,7 +53,7 @@ class HfDirectory : public ::testing::TestWithParam<HfCase> {};
 TEST_P(HfDirectory, LoadsWhatWasWritten) {
   TmpDir tmp;
   Config c = hf_config(GetParam().tied);
-  const TargetWeights w = fixtures::make_target(c);
+  const TargetWeights w = make_target(c);
   write_hf_model(tmp / "model", c, w, GetParam().shards);
   // The TOML names only the directory; the shape comes from config.json.
   std::ofstream(tmp / "run.toml") << "[target]\nsource = \"hf\"\npath = \"" << (tmp / "model")
@@ -89,7 +89,7 @@ struct BrokenHf {
   TmpDir tmp;
   Config c = hf_config(false);
   BrokenHf(int shards) {
-    write_hf_model(tmp / "m", c, fixtures::make_target(c), shards);
+    write_hf_model(tmp / "m", c, make_target(c), shards);
     c.target.source = "hf", c.target.path = tmp / "m";
   }
   nlohmann::json read(const std::string& f) {
@@ -236,10 +236,10 @@ TEST(Data, CursorIsAPureFunctionOfTheMicroBatchIndex) {
   Config c = fixtures::micro_config();
   c.data.source = "self_distill", c.data.num_samples = 10, c.data.prompt_len = 3;
   c.data.batch_size = 2;
-  const TargetWeights t = fixtures::make_target(c);
+  const TargetWeights t = make_target(c);
   const Dataset d = self_distill(c, t, 10, "self_distill");
   // Regenerated from scratch (as a resumed run does), micro-batch 7 is the same.
-  const Dataset again = self_distill(c, fixtures::make_target(c), 10, "self_distill");
+  const Dataset again = self_distill(c, make_target(c), 10, "self_distill");
   EXPECT_TRUE(at::equal(train_batch(c, d, 7).input_ids, train_batch(c, again, 7).input_ids));
   EXPECT_FALSE(at::equal(train_batch(c, d, 7).input_ids, train_batch(c, d, 8).input_ids));
   EXPECT_FALSE(d.loss_mask.narrow(1, 0, 3).any().item<bool>());
@@ -262,7 +262,7 @@ TEST(Data, CursorIsAPureFunctionOfTheMicroBatchIndex) {
 TEST(Checkpoint, InferenceConfigAndNoFrozenTensors) {
   TmpDir tmp;
   Config c = fixtures::micro_config();
-  const DrafterWeights w = fixtures::make_drafter(c);
+  const DrafterWeights w = make_drafter(c);
   AdamW opt(named(w), optim_config(c.train));
   const std::string dir = save_checkpoint(tmp / "run", c, w, opt, {3, 3 * c.train.micro_batches});
   nlohmann::json j;
@@ -283,7 +283,7 @@ TEST(Checkpoint, InferenceConfigAndNoFrozenTensors) {
 TEST(Checkpoint, FromADifferentConfigIsRefusedNamingTheKey) {
   TmpDir tmp;
   Config c = fixtures::micro_config();
-  const DrafterWeights w = fixtures::make_drafter(c);
+  const DrafterWeights w = make_drafter(c);
   AdamW opt(named(w), optim_config(c.train));
   const std::string dir = save_checkpoint(tmp / "run", c, w, opt, {1, c.train.micro_batches});
   Config other = c;
@@ -320,7 +320,7 @@ namespace {
 // chooses at every position (float64: no near-ties).
 TEST(Generate, CachedGreedyEqualsFullPrefixForwards) {
   Config c = fixtures::micro_config();
-  const TargetWeights t = fixtures::make_target(c);
+  const TargetWeights t = make_target(c);
   const int64_t B = 3, S = c.data.seq_len, P = 3;
   at::Tensor ids = at::randint(0, c.target.vocab_size - 1, {B, S}, at::kLong);
   at::Tensor naive = ids.clone();

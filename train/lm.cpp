@@ -13,10 +13,10 @@
 #include "core/batch.h"
 #include "core/byte_tokenizer.h"
 #include "core/files.h"
+#include "core/init.h"
 #include "core/optim.h"
 #include "core/safetensors.h"
 #include "core/step.h"
-#include "fixtures/fixtures.h"
 #include "reference/layers.h"
 #include "reference/target.h"
 #include "train/data.h"
@@ -273,7 +273,7 @@ LmResult train_byte_lm(const LmRecipe& r) {
   configure_threads(r.threads);
   const Corpus corpus = read_corpus(r);
   const Config c = lm_config(r);
-  TargetWeights w = fixtures::make_target(c);  // N(0, init_std) matrices, unit norms, tied
+  TargetWeights w = make_target(c);  // N(0, init_std) matrices, unit norms, tied
   const NamedTensors params = lm_params(w);
   OptimConfig oc;
   oc.lr = r.lr, oc.beta1 = 0.9, oc.beta2 = 0.95, oc.weight_decay = r.weight_decay;

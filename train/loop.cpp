@@ -16,10 +16,10 @@
 #include <nlohmann/json.hpp>
 
 #include "core/device.h"
+#include "core/init.h"
 #include "core/optim.h"
 #include "core/safetensors.h"
 #include "core/step.h"
-#include "fixtures/fixtures.h"
 #include "harness/memory_guard.h"
 #include "harness/preflight.h"
 #include "harness/step_dump.h"
@@ -48,7 +48,7 @@ StepInputs inputs_of(const Run& r, const MicroBatch& mb, const char* stream, int
   StepInputs in{mb.input_ids, mb.loss_mask, mb.features, mb.target_hidden, {}};
   // Anchors are drawn on the host (a seeded stream per micro-batch), then the
   // batch moves to the run's device, where the target runs.
-  in.anchors = fixtures::step_anchors(r.c, in.loss_mask, stream, uint64_t(index));
+  in.anchors = step_anchors(r.c, in.loss_mask, stream, uint64_t(index));
   in = to_device(in, r.device);
   if (!in.features.defined()) {
     const reference::TargetOutputs t = optimized::target_forward(r.c, r.target, in.input_ids);
@@ -331,7 +331,7 @@ std::unique_ptr<Run> prepare(const Config& c, const RunOptions& o, bool with_dat
                  r->data.train.label, r->data.eval.size(),
                  r->data.eval.size() > 0 ? r->data.eval.label : std::string("nothing"));
   }
-  r->w = fixtures::make_drafter(c);
+  r->w = make_drafter(c);
   to_device(r->w, r->device);  // before AdamW: its moments are made beside the parameters
   r->opt = std::make_unique<AdamW>(named(r->w), optim_config(c.train));
   r->fn =

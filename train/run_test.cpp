@@ -255,8 +255,8 @@ TEST(Data, JsonlRunsEndToEnd) {
   EXPECT_NE(r.out.find("data: 8 training samples from " + (tmp / "d.jsonl") + "; 4 held out"),
             std::string::npos)
       << r.out;
-  RunFixture g(small_config("source = \"shards\"\npath = \"" + (tmp / "shards") +
-                            "\"\neval_samples = 4\n"));
+  RunFixture g(
+      small_config("source = \"shards\"\npath = \"" + (tmp / "shards") + "\"\neval_samples = 4\n"));
   const Shell rs = g.train("run");
   ASSERT_EQ(rs.code, 0) << rs.out;
   expect_bitwise_equal(f.params("run"), g.params("run"));
@@ -443,7 +443,7 @@ TEST(HfTarget, GatedRunTrainsAgainstTheDirectory) {
   Config c = load_config(testing_support::cfg("dist-1x2.toml"));  // the same target shape
   c.target.tie_word_embeddings = true;
   c.run.dtype = DType::kFloat64;
-  write_hf_model(tmp / "model", c, fixtures::make_target(c), 2);
+  write_hf_model(tmp / "model", c, make_target(c), 2);
   const Shell r = sh(dflash() + " train --preflight-cases 5 --config " + f.config + " --out-dir " +
                      (tmp / "run"));
   ASSERT_EQ(r.code, 0) << r.out;
@@ -583,7 +583,7 @@ TEST(Eval, ARunWithARelativeTargetPathEvaluatesFromElsewhere) {
   Config c = load_config(testing_support::cfg("dist-1x2.toml"));  // the same target shape
   c.target.tie_word_embeddings = true;
   c.run.dtype = DType::kFloat64;
-  write_hf_model(tmp / "model", c, fixtures::make_target(c), 1);
+  write_hf_model(tmp / "model", c, make_target(c), 1);
   const std::string bin = fs::absolute(dflash()).string();
   const Shell r = sh("cd " + tmp.p.string() + " && " + bin +
                      " train --skip-preflight --config small.toml --out-dir run");

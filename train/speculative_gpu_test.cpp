@@ -18,8 +18,8 @@ TEST(SpeculativeOnCuda, BlockAndTreeDecodingAreLosslessOnTheDevice) {
   for (uint64_t seed : {1, 2, 3}) {
     Config c = testing::small_config();
     c.run.seed = seed;
-    TargetWeights t = fixtures::make_target(c);
-    DrafterWeights w = fixtures::make_drafter(c);
+    TargetWeights t = make_target(c);
+    DrafterWeights w = make_drafter(c);
     const std::vector<int64_t> prompt = {int64_t(seed), 5, 9, 2};
     const DecodeOptions base{4, 40, 64, c.data.mask_token_id, -1, 0};
     const DecodeResult cpu = greedy_decode(c, t, prompt, base);

@@ -12,8 +12,8 @@ namespace {
 
 RC_GTEST_PROP(SpeculativeNightly, BlockAndTreeDecodingAreLosslessAtLength, ()) {
   testing::DecodeCase k = *testing::gen_decode_case(40, 96);
-  const TargetWeights t = fixtures::make_target(k.c);
-  const DrafterWeights w = fixtures::make_drafter(k.c);
+  const TargetWeights t = make_target(k.c);
+  const DrafterWeights w = make_drafter(k.c);
   const DecodeResult g = greedy_decode(k.c, t, k.prompt, k.o);
   for (int64_t budget : {0, 1, 5, 32}) {
     k.o.tree_budget = budget;

@@ -39,7 +39,7 @@ std::vector<int64_t> naive_greedy(const Config& c, const TargetWeights& t, std::
 
 RC_GTEST_PROP(Speculative, GreedyDecodeEqualsUncachedForward, ()) {
   const DecodeCase k = *testing::gen_decode_case();
-  const TargetWeights t = fixtures::make_target(k.c);
+  const TargetWeights t = make_target(k.c);
   const DecodeResult g = greedy_decode(k.c, t, k.prompt, k.o);
   RC_ASSERT(g.tokens == naive_greedy(k.c, t, k.prompt, int64_t(g.tokens.size()), k.o.banned_token));
   const int64_t room =
@@ -53,8 +53,8 @@ RC_GTEST_PROP(Speculative, GreedyDecodeEqualsUncachedForward, ()) {
 RC_GTEST_PROP(Speculative, ServedDrafterEqualsTheSpecStep, ()) {
   const Config c = *harness::gen_micro_config();
   const int64_t bs = c.data.block_size, p = *rc::gen::inRange<int64_t>(1, 12);
-  const TargetWeights t = fixtures::make_target(c);
-  const DrafterWeights w = fixtures::make_drafter(c);
+  const TargetWeights t = make_target(c);
+  const DrafterWeights w = make_drafter(c);
   const at::Tensor ids =
       at::tensor(*rc::gen::container<std::vector<int64_t>>(
                      size_t(p + bs), rc::gen::inRange<int64_t>(0, c.target.vocab_size)),
@@ -84,8 +84,8 @@ RC_GTEST_PROP(Speculative, ServedDrafterEqualsTheSpecStep, ()) {
 
 RC_GTEST_PROP(Speculative, BlockDecodingIsLossless, ()) {
   const DecodeCase k = *testing::gen_decode_case();
-  const TargetWeights t = fixtures::make_target(k.c);
-  const DrafterWeights w = fixtures::make_drafter(k.c);
+  const TargetWeights t = make_target(k.c);
+  const DrafterWeights w = make_drafter(k.c);
   const DecodeResult g = greedy_decode(k.c, t, k.prompt, k.o);
   DFlashDrafter d(k.c, w, t.frozen(), k.o.block_size);
   const DecodeResult s = speculative_decode(k.c, t, d, k.prompt, k.o);
@@ -101,8 +101,8 @@ RC_GTEST_PROP(Speculative, BlockDecodingIsLossless, ()) {
 RC_GTEST_PROP(Speculative, TreeDecodingIsLossless, ()) {
   DecodeCase k = *testing::gen_decode_case();
   k.o.tree_budget = *rc::gen::element<int64_t>(1, 2, 3, 4, 16, 64);
-  const TargetWeights t = fixtures::make_target(k.c);
-  const DrafterWeights w = fixtures::make_drafter(k.c);
+  const TargetWeights t = make_target(k.c);
+  const DrafterWeights w = make_drafter(k.c);
   const DecodeResult g = greedy_decode(k.c, t, k.prompt, k.o);
   DFlashDrafter d(k.c, w, t.frozen(), k.o.block_size);
   RC_ASSERT(speculative_decode(k.c, t, d, k.prompt, k.o).tokens == g.tokens);
@@ -123,8 +123,8 @@ RC_GTEST_PROP(Speculative, TreeDecodingIsLossless, ()) {
 
 RC_GTEST_PROP(Speculative, BudgetOneIsBlockDecoding, ()) {
   DecodeCase k = *testing::gen_decode_case();
-  const TargetWeights t = fixtures::make_target(k.c);
-  const DrafterWeights w = fixtures::make_drafter(k.c);
+  const TargetWeights t = make_target(k.c);
+  const DrafterWeights w = make_drafter(k.c);
   DFlashDrafter d0(k.c, w, t.frozen(), k.o.block_size);
   const DecodeResult block = speculative_decode(k.c, t, d0, k.prompt, k.o);
   k.o.tree_budget = 1;
@@ -187,7 +187,7 @@ RC_GTEST_PROP(Speculative, TreeIsChainPlusBestPrefixes, ()) {
 RC_GTEST_PROP(Speculative, DrafterContextIsTheTargetsTappedStatesOfCommittedPositions, ()) {
   DecodeCase k = *testing::gen_decode_case();
   k.o.tree_budget = *rc::gen::element<int64_t>(0, 16);
-  const TargetWeights t = fixtures::make_target(k.c);
+  const TargetWeights t = make_target(k.c);
   const DecodeResult g = greedy_decode(k.c, t, k.prompt, k.o);
   OracleDrafter oracle(g.tokens, int64_t(k.prompt.size()), k.c.target.vocab_size, k.seed, 1.0,
                        k.o.stop_token);
@@ -207,7 +207,7 @@ RC_GTEST_PROP(Speculative, DrafterContextIsTheTargetsTappedStatesOfCommittedPosi
 
 TEST(Speculative, BadPromptsAreRefusedNamingTheLimit) {
   Config c = testing::small_config();
-  const TargetWeights t = fixtures::make_target(c);
+  const TargetWeights t = make_target(c);
   DecodeOptions o{4, 8, 6, -1, -1, 0};
   auto message = [&](const std::vector<int64_t>& prompt) {
     try {

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "core/device.h"
+#include "core/init.h"
 #include "core/safetensors.h"
 #include "fixtures/fixtures.h"
 #include "optimized/step.h"
@@ -111,7 +112,7 @@ StepInputs fixture_micro_batch(const Config& c, const TargetWeights& target, int
 int run_target_rank(const Config& c, const TrainOptions& o, dist::Cluster& cl, int64_t D) {
   std::function<StepInputs(int64_t)> make = o.hooks.micro_batch;
   if (!make) {
-    auto target = std::make_shared<TargetWeights>(fixtures::make_target(c));
+    auto target = std::make_shared<TargetWeights>(make_target(c));
     make = [&c, target](int64_t g) { return fixture_micro_batch(c, *target, g); };
   }
   const size_t depth = size_t(c.topology.queue_depth) * 4;  // four tensors per micro-batch
@@ -151,7 +152,7 @@ StepInputs receive_micro_batch(const Config& c, dist::Cluster& cl, int64_t g, in
   cl.recv(feats, src, int(g * 4 + 2), what);
   cl.recv(hidden, src, int(g * 4 + 3), what);
   StepInputs in{ids[0], mask[0].to(at::kBool), feats[0], hidden[0], {}};
-  in.anchors = fixtures::step_anchors(c, in.loss_mask, "anchors", uint64_t(g));
+  in.anchors = step_anchors(c, in.loss_mask, "anchors", uint64_t(g));
   return to_device(in, device);
 }
 
@@ -266,13 +267,13 @@ void stop_drafter(const Config& c, const TrainOptions& o, dist::Cluster& cl, int
 int train_drafter_rank(const Config& c, const TrainOptions& o, dist::Cluster& cl, int64_t D,
                        std::vector<StepLog>& log) {
   const c10::Device device = config_device(c);  // cuda: cuda:LOCAL_RANK
-  DrafterWeights w = fixtures::make_drafter(c);
+  DrafterWeights w = make_drafter(c);
   to_device(w, device);
   AdamW opt(named(w), o.optim);
   if (o.hooks.resume) o.hooks.resume(w, opt);
   broadcast_parameters(cl, w);
   if (cl.drafter_index() == 0 && o.hooks.at_start) o.hooks.at_start();
-  FrozenWeights frozen = o.hooks.frozen ? o.hooks.frozen() : fixtures::make_target(c).frozen();
+  FrozenWeights frozen = o.hooks.frozen ? o.hooks.frozen() : make_target(c).frozen();
   to_device(frozen, device);
   const StepFn fn = step_fn(o.build);
   const bool reporter = cl.drafter_index() == 0;

@@ -147,7 +147,7 @@ TEST(TextData, PromptsComeFromTheTextAtWordStarts) {
 TEST(TextData, SelfDistillContinuesTextPromptsGreedily) {
   Config c = byte_config(12, 5);
   c.data.source = "self_distill";
-  const TargetWeights t = fixtures::make_target(c);
+  const TargetWeights t = make_target(c);
   const std::vector<TextDoc> docs = {{"d", ByteTokenizer::encode("one two three four five six")}};
   const Dataset d = self_distill(c, t, 3, "self_distill", &docs);
   EXPECT_TRUE(at::equal(d.input_ids.narrow(1, 0, 5), text_prompts(c, docs, 3, "self_distill")));
@@ -176,7 +176,7 @@ TEST(TextDataBadInput, ConfigRefusesAMaskTokenThatIsAByte) {
 TEST(TextDataBadInput, AnHfTargetWithoutTheByteTokenizerIsRefused) {
   TmpDir dir;
   Config c = byte_config(12, 5);
-  write_hf_model(dir.p.string(), c, fixtures::make_target(c), 1);
+  write_hf_model(dir.p.string(), c, make_target(c), 1);
   write(dir / "t.txt", "some text for the source");
   c.target.source = "hf", c.target.path = dir.p.string(), c.data.path = dir / "t.txt";
   c.data.eval_samples = 0;
@@ -193,12 +193,12 @@ TEST(TextDataBadInput, AnHfTargetWithoutTheByteTokenizerIsRefused) {
 TEST(DraftSamples, AgreeWithTheStepsTauOnTheSameAnchors) {
   Config c = byte_config(16, 5);
   c.data.source = "self_distill";
-  const TargetWeights t = fixtures::make_target(c);
+  const TargetWeights t = make_target(c);
   const FrozenWeights f = t.frozen();
   const std::vector<TextDoc> docs = {
       {"d", ByteTokenizer::encode("the cat sat on the mat and the dog sat on the log")}};
   const Dataset eval = self_distill(c, t, 4, "e", &docs);
-  DrafterWeights w = fixtures::make_drafter(c);
+  DrafterWeights w = make_drafter(c);
   const SampleSource src{&c, reference::drafter_step, &w, &f, &t};
   nlohmann::json got = draft_samples(src, eval, 4, 3);
   ASSERT_EQ(got["samples"].size(), 4u);
