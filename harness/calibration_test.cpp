@@ -13,6 +13,7 @@
 #include "optimized/chunked_loss.h"
 #include "optimized/sparse_attention.h"
 #include "optimized/step.h"
+#include "optimized/target.h"
 #include "reference/step.h"
 
 namespace dflash::harness {
@@ -99,6 +100,25 @@ TEST_P(Calibration, ActivationsAndContext) {
                 layer_activation_bytes(s.B, Q, s.S, c.drafter.shape, 4).bytes);
   expect_within("dense attention (saved, one layer)", double(dense - plain) / double(s.Nd),
                 dense_attention_saved_bytes(s.B, s.nh, s.nkv, Q, s.S, s.hd, 4).bytes);
+}
+
+// dflash's own target forward (optimized::target_forward): the causal
+// attention of one layer in query chunks, against the planner's term for it
+// (harness/memory.h), and the dense attention of the reference target.
+TEST_P(Calibration, TargetAttention) {
+  const Sweep& s = GetParam();
+  const int64_t S = 4 * s.S, q = S / 8;  // longer contexts than the drafter's, 8 chunks
+  const at::Tensor qh = at::randn({s.B, s.nh, S, s.hd}), k = at::randn({s.B, s.nkv, S, s.hd}),
+                   v = at::randn({s.B, s.nkv, S, s.hd});
+  auto peak_of = [&](int64_t chunk) {
+    AllocProbe::Scope scope;
+    const at::Tensor out = optimized::chunked_causal_attention(qh, k, v, chunk);
+    return double(scope.peak_delta());
+  };
+  expect_within("target attention, query-chunked", peak_of(q),
+                target_attention_bytes(s.B, s.nh, s.nkv, S, s.hd, q, 4).bytes);
+  expect_within("target attention, dense", peak_of(S),
+                target_attention_bytes(s.B, s.nh, s.nkv, S, s.hd, S, 4).bytes);
 }
 
 TEST_P(Calibration, AttentionAndLosses) {

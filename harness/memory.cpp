@@ -103,6 +103,21 @@ Formula sparse_attention_bytes(int64_t B, int64_t nh, int64_t nkv, int64_t Q, in
                       aten ? " + R T" : "", R, optimized::kernels_name(kernels))};
 }
 
+Formula target_attention_bytes(int64_t B, int64_t nh, int64_t nkv, int64_t S, int64_t hd, int64_t q,
+                               int64_t e) {
+  // Per chunk (reference::masked_attention over keys [0, q0 + q)): K and V
+  // repeated to the nh heads, the causal mask (bool, shared by the batch)
+  // and its fp32 copy per row, three fp32 (B, nh, q, S) score tensors alive
+  // at once; chunked, the chunks' outputs and their concatenation.
+  (void)nkv;
+  const double rows = double(q) * double(S);
+  const double bytes = 2.0 * double(e * B * nh * S * hd) + rows * (1.0 + 4.0 * double(B)) +
+                       12.0 * double(B * nh) * rows;
+  if (q >= S) return {bytes, "2e B nh S hd + (1 + 4B) S^2 + 12 B nh S^2"};
+  return {bytes + 2.0 * double(e * B * nh * S * hd),
+          fmt::format("4e B nh S hd + (1 + 4B) q S + 12 B nh q S, q = {}", q)};
+}
+
 Formula dense_scores_one_copy(int64_t B, int64_t nh, int64_t Q, int64_t S) {
   return {4.0 * double(B) * double(nh) * double(Q) * double(S + Q),
           fmt::format("4 B nh Q (S+Q) = fp32 [{}, {}, {}, {}]", B, nh, Q, S + Q)};

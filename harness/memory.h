@@ -74,6 +74,12 @@ Formula sparse_attention_bytes(int64_t B, int64_t nh, int64_t nkv, int64_t Q, in
 // with GQA, K and V repeated to every query head. dense_attention_saved_bytes
 // is what a layer keeps beyond the sparse path's saved tensors.
 Formula dense_scores_one_copy(int64_t B, int64_t nh, int64_t Q, int64_t S);
+
+// One layer of dflash's own target attention (no grad) over S positions,
+// q query rows at a time (q = S: dense, reference::target_forward; q < S:
+// optimized::target_forward), e bytes per element of q, k, v.
+Formula target_attention_bytes(int64_t B, int64_t nh, int64_t nkv, int64_t S, int64_t hd, int64_t q,
+                               int64_t e);
 Formula dense_attention_saved_bytes(int64_t B, int64_t nh, int64_t nkv, int64_t Q, int64_t S,
                                     int64_t hd, int64_t e);
 

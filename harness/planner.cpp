@@ -124,23 +124,17 @@ struct TargetAttentionBytes {
   double bytes;
   std::string what, formula;
 };
-TargetAttentionBytes target_attention_bytes(const Config& c, TargetAttention a) {
+TargetAttentionBytes target_attention_of(const Config& c, TargetAttention a) {
   const int64_t e = elem(c.run.dtype), B = c.data.batch_size, S = c.data.seq_len;
   const LayerShape& t = c.target.shape;
   const int64_t nh = t.num_attention_heads, chunk = c.optimized.target_query_chunk;
   if (a == TargetAttention::kTiled)  // one (B, nh, S) statistic
     return {double(4 * B * nh * S), "tiled attention", "4 B nh S"};
-  // q query rows at a time: the causal mask and three fp32 (B, nh, q, S)
-  // tensors (scores, masked, softmax); chunked, the chunks' outputs and
-  // their concatenation besides.
   const bool chunked = a == TargetAttention::kQueryChunked && chunk > 0 && chunk < S;
   const int64_t q = chunked ? chunk : S;
-  const double scores =
-      double(B * q) * double(S) + 3.0 * 4 * double(B * nh) * double(q) * double(S);
-  if (!chunked) return {scores, "dense attention", "B S^2 + 12 B nh S^2"};
-  return {scores + 2.0 * double(B * nh * S * t.head_dim * e),
-          fmt::format("query-chunked attention, {} rows", q),
-          fmt::format("B q S + 12 B nh q S + 2 B nh S hd e, q = {}", q)};
+  const Formula f = target_attention_bytes(B, nh, t.num_key_value_heads, S, t.head_dim, q, e);
+  return {f.bytes, chunked ? fmt::format("query-chunked attention, {} rows", q) : "dense attention",
+          f.text};
 }
 
 std::vector<PlanItem> target_items(const Config& c, TargetAttention attention) {
@@ -150,7 +144,7 @@ std::vector<PlanItem> target_items(const Config& c, TargetAttention attention) {
   const double layer =
       double(B * S *
              (3 * H + (nh + 2 * t.num_key_value_heads) * t.head_dim + 3 * t.intermediate_size) * e);
-  const TargetAttentionBytes a = target_attention_bytes(c, attention);
+  const TargetAttentionBytes a = target_attention_of(c, attention);
   using K = PlanItem::Kind;
   return {
       {"target weights", double(target_param_count(c) * e), K::kPersistent,
