@@ -79,7 +79,7 @@ if [ "${rc[build]}" -eq 0 ]; then
   # The test executables apart (-k 0): one that fails to build (say, no
   # nccl.h in that wheel) leaves the others, the bench and the run.
   stage build_tests 120 cmake --build "$build" -j "$jobs" -- -k 0 harness_cuda_gpu_test \
-    train_nccl_gpu_test train_split_gpu_test train_speculative_gpu_test
+    dist_nccl_gpu_test dist_split_gpu_test decode_speculative_gpu_test
   stage gpu_tests 120 ctest --test-dir "$build" -L gpu --output-on-failure
   stage bench 90 "$build/dflash" bench --device cuda --repeats 2 --json "$out/bench.json"
   rm -rf /tmp/dflash-gpu-run  # a warm machine keeps /tmp between runs

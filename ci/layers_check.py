@@ -3,7 +3,8 @@
 
 The layers, bottom to top (each a CMake library; README "What is here"):
 
-  core -> reference -> fixtures -> optimized -> harness -> train -> cli, fuzz
+  core -> reference -> fixtures -> optimized -> harness -> models -> data
+       -> decode -> dist -> train -> cli, fuzz
 
 A source or header of a folder may include its own folder and any folder
 below it. Tests (`*_test.cpp`, `*_nightly_test.cpp`) may also include the
@@ -20,7 +21,7 @@ import subprocess
 import sys
 
 LAYERS = {"core": 0, "reference": 1, "fixtures": 2, "optimized": 3, "harness": 4,
-          "train": 5, "cli": 6, "fuzz": 6}
+          "models": 5, "data": 6, "decode": 7, "dist": 8, "train": 9, "cli": 10, "fuzz": 10}
 TEST_SUPPORT = {"fixtures", "harness"}
 SOURCE = (".cpp", ".h", ".cu", ".cuh")
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([A-Za-z0-9_]+)/[^"]+"')

@@ -12,8 +12,10 @@ cost until one fails:
   2. oracle  -- harness_spec_oracle_test (the reference against the SPEC
                 oracle: catches mistakes in code both builds share);
   3. tests   -- the quick ctest tests of the touched area (core., optimized.,
-                train., ...), for what is not in the step (optimizer, loop,
-                checkpoint, split).
+                ...), for what is not in the step (optimizer, loop,
+                checkpoint, split). The run's folders (models/, data/,
+                decode/, dist/, train/) are one area: their tests drive each
+                other end to end (a checkpoint mistake dies in train.Resume).
 
 It prints a kill table (mutant, file:line, what it changes, killed by which
 check, seconds) and writes a JSON summary. Exit 0 when every mutant is
@@ -123,6 +125,18 @@ def compile_error(out):
     return out.strip().splitlines()[-1][:240] if out.strip() else "build failed"
 
 
+# The run's folders: one test area (see the module docstring).
+RUN_AREAS = ("models", "data", "decode", "dist", "train")
+
+
+def test_area(m):
+    """The ctest prefix regex of a mutant's tests stage: its `area`, else its folder."""
+    if "area" in m:  # another test prefix (e.g. cli)
+        return m["area"]
+    folder = m["file"].split("/")[0]
+    return "(" + "|".join(RUN_AREAS) + ")" if folder in RUN_AREAS else folder
+
+
 def check_mutant(m, src, build, args, log):
     """Applies m, runs the checks; returns (killed_by, detail)."""
     ninja = ["ninja", "-C", build]
@@ -150,7 +164,7 @@ def check_mutant(m, src, build, args, log):
         rc, out = run([build / "harness_spec_oracle_test"], src, 900, log)
         if rc != 0:
             return "oracle", "harness.SpecOracle"
-    area = m.get("area", m["file"].split("/")[0])  # area: another test prefix (e.g. cli)
+    area = test_area(m)
     rc, out = run(ninja, src, 3600, log)
     if rc:
         return "", "test targets do not compile: " + compile_error(out)

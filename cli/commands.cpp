@@ -13,6 +13,8 @@
 #include "core/env.h"
 #include "core/safetensors.h"
 #include "core/step.h"
+#include "dist/cluster.h"
+#include "dist/split_loop.h"
 #include "fixtures/fixtures.h"
 #include "harness/bench.h"
 #include "harness/dump_check.h"
@@ -20,8 +22,6 @@
 #include "harness/step_dump.h"
 #include "optimized/step.h"
 #include "reference/step.h"
-#include "train/dist.h"
-#include "train/split_loop.h"
 
 namespace dflash::cli {
 namespace {
@@ -153,7 +153,7 @@ int cmd_bench(const BenchArgs& a) {
   if (a.dist) {
     // Inside launched ranks run the bench; otherwise launch the config's ranks.
     const Config c = load_config(a.dist_config, a.set);
-    if (dist::env_from_process().present) return train::run_dist_bench(c);
+    if (dist::env_from_process().present) return dist::run_dist_bench(c);
     harness::guard_memory(c, harness::Workload::kTrain, "dflash bench --dist");
     LaunchArgs l;
     l.nproc = c.topology.world_size;

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "core/signals.h"
 #include "harness/preflight.h"
 #include "train/loop.h"
 
@@ -127,7 +128,7 @@ void forward(Child& c, int64_t rank, bool flush_all) {
 // for a stop request (train/loop.h); SIGKILL follows after the grace.
 void end_ranks(std::vector<Child>& kids) {
   sigval v{};
-  v.sival_int = train::kEndRankNow;
+  v.sival_int = kEndRankNow;
   for (auto& o : kids)
     if (o.running) kill(o.pid, SIGCONT), sigqueue(o.pid, SIGTERM, v);
 }
@@ -230,7 +231,7 @@ Outcome supervise(std::vector<Child>& kids, const Placement& place, double grace
     std::vector<pollfd> fds;
     for (auto& k : kids) fds.push_back({k.out, POLLIN, 0});
     poll(fds.data(), fds.size(), 100);
-    if (const int sig = train::detail::stop_requested(); sig != 0 && out.forwarded == 0) {
+    if (const int sig = stop_requested(); sig != 0 && out.forwarded == 0) {
       out.forwarded = sig;
       fmt::print("dflash launch: {} received; asking every rank to stop\n",
                  sig == SIGINT ? "SIGINT" : "SIGTERM");
@@ -294,7 +295,7 @@ int cmd_launch(const LaunchArgs& a) {
   // SIGTERM / SIGINT here (a scheduler, a terminal): forwarded once to every
   // rank as a stop request; a second one ends the launcher, and the ranks
   // with it (PR_SET_PDEATHSIG).
-  train::detail::install_stop_handlers();
+  install_stop_handlers();
   std::vector<Child> kids;
   for (int64_t r = 0; r < a.nproc; ++r) kids.push_back(spawn(r, place, a.args));
   const Outcome out = supervise(kids, place, a.grace_s);

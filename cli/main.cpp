@@ -15,17 +15,17 @@
 #include "cli/commands.h"
 #include "core/config.h"
 #include "core/step.h"
+#include "data/data.h"
+#include "decode/eval.h"
+#include "dist/cluster.h"
+#include "dist/split_loop.h"
 #include "harness/memory_guard.h"
 #include "harness/parity_run.h"
 #include "harness/plan_run.h"
 #include "harness/preflight.h"
-#include "train/data.h"
-#include "train/dist.h"
-#include "train/eval.h"
 #include "train/lm.h"
 #include "train/loop.h"
 #include "train/report.h"
-#include "train/split_loop.h"
 
 namespace {
 
@@ -292,7 +292,7 @@ void add_train_and_launch(CLI::App& app, Subcommands& subs, LaunchArgs& launch) 
     return 0;
   });
 
-  auto ev = std::make_shared<train::EvalOptions>();
+  auto ev = std::make_shared<decode::EvalOptions>();
   auto* es = app.add_subcommand(
       "eval",
       "Served acceptance of a drafter checkpoint: block and tree speculative decoding against "
@@ -320,7 +320,7 @@ void add_train_and_launch(CLI::App& app, Subcommands& subs, LaunchArgs& launch) 
   es->add_option("--build", ev->build, "The step computing tau: reference or optimized")
       ->check(CLI::IsMember({"reference", "optimized"}));
   es->add_option("--threads", ev->threads, "Intra-op threads (0: every core)");
-  subs.add(es, [ev] { return train::run_eval(*ev); });
+  subs.add(es, [ev] { return decode::run_eval(*ev); });
 
   struct FeatureArgs {
     std::string config, out;
@@ -336,7 +336,7 @@ void add_train_and_launch(CLI::App& app, Subcommands& subs, LaunchArgs& launch) 
   fe->add_option("--out", fa->out, "Output directory (must not exist)")->required();
   fe->add_option("--shard-samples", fa->shard, "Samples per shard");
   subs.add(fe, [fa] {
-    return train::write_features(load_config(fa->config, fa->set), fa->out, fa->shard);
+    return data::write_features(load_config(fa->config, fa->set), fa->out, fa->shard);
   });
 
   auto run_dir = std::make_shared<std::string>();

@@ -26,6 +26,10 @@ file(GLOB DFLASH_TEST_SOURCES CONFIGURE_DEPENDS
   ${PROJECT_SOURCE_DIR}/fixtures/*_test.cpp
   ${PROJECT_SOURCE_DIR}/harness/*_test.cpp
   ${PROJECT_SOURCE_DIR}/optimized/*_test.cpp
+  ${PROJECT_SOURCE_DIR}/models/*_test.cpp
+  ${PROJECT_SOURCE_DIR}/data/*_test.cpp
+  ${PROJECT_SOURCE_DIR}/decode/*_test.cpp
+  ${PROJECT_SOURCE_DIR}/dist/*_test.cpp
   ${PROJECT_SOURCE_DIR}/train/*_test.cpp
   ${PROJECT_SOURCE_DIR}/cli/*_test.cpp)
 

@@ -3,6 +3,8 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "core/safetensors.h"
+
 namespace dflash {
 
 OptimConfig optim_config(const TrainConfig& t) {
@@ -88,6 +90,24 @@ void AdamW::load_state(const std::map<std::string, at::Tensor>& moments, int64_t
     }
   }
   t_ = steps_taken;
+}
+
+void zero_grads(const DrafterWeights& w) {
+  for (auto& [n, t] : named(w)) t.mutable_grad().reset();
+}
+
+void scale_grads(const DrafterWeights& w, double den) {
+  if (den <= 0) return;
+  at::NoGradGuard ng;
+  for (auto& [n, t] : named(w))
+    if (t.grad().defined()) t.mutable_grad().div_(den);
+}
+
+void write_params(const std::string& path, const DrafterWeights& w) {
+  if (path.empty()) return;
+  safetensors::NamedTensors t;
+  for (auto& [n, p] : named(w)) t.emplace_back(n, p.detach());
+  safetensors::write(path, t, {{"format", "dflash-drafter-params-v1"}});
 }
 
 }  // namespace dflash

@@ -53,4 +53,12 @@ class AdamW {
   int64_t t_ = 0;
 };
 
+// Gradient accumulation, shared by the single-process loop and the split:
+// clear the drafter's gradients; divide the summed numerator's gradients by
+// the global weight sum (den > 0; SPEC.md step 9).
+void zero_grads(const DrafterWeights& w);
+void scale_grads(const DrafterWeights& w, double den);
+// The drafter's parameters as safetensors (`path` "": nothing written).
+void write_params(const std::string& path, const DrafterWeights& w);
+
 }  // namespace dflash

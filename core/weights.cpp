@@ -35,8 +35,6 @@ void add_layer_specs(std::vector<ParamSpec>& out, const std::string& prefix, con
     out.push_back({prefix + kLayerFields[i].suffix, shapes[i], shapes[i].size() == 1});
 }
 
-std::string shape_str(at::IntArrayRef s) { return fmt::format("({})", fmt::join(s, ", ")); }
-
 at::Tensor take(const std::map<std::string, at::Tensor>& src, const ParamSpec& spec,
                 at::ScalarType dtype, const std::string& label) {
   auto it = src.find(spec.name);
@@ -44,8 +42,8 @@ at::Tensor take(const std::map<std::string, at::Tensor>& src, const ParamSpec& s
     throw std::runtime_error(fmt::format("{}: missing tensor '{}'", label, spec.name));
   if (it->second.sizes().vec() != spec.shape)
     throw std::runtime_error(fmt::format("{}: tensor '{}': expected shape {}, found {}", label,
-                                         spec.name, shape_str(spec.shape),
-                                         shape_str(it->second.sizes())));
+                                         spec.name, shape_text(spec.shape),
+                                         shape_text(it->second.sizes())));
   if (!it->second.is_floating_point())
     throw std::runtime_error(fmt::format("{}: tensor '{}': expected a floating dtype, found {}",
                                          label, spec.name, at::toString(it->second.scalar_type())));
@@ -73,6 +71,10 @@ void visit(DrafterWeights& w, const TensorVisitor& f) {
   f("hidden_norm.weight", w.hidden_norm);
   for (size_t i = 0; i < w.layers.size(); ++i) visit(w.layers[i], fmt::format("layers.{}.", i), f);
   f("norm.weight", w.norm);
+}
+
+std::string shape_text(at::IntArrayRef shape) {
+  return fmt::format("[{}]", fmt::join(shape, ", "));
 }
 
 NamedTensors named(const DrafterWeights& w) {

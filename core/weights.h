@@ -59,6 +59,9 @@ struct ParamSpec {
 };
 
 using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+
+// "[2, 3]": a shape in messages.
+std::string shape_text(at::IntArrayRef shape);
 using TensorVisitor = std::function<void(const std::string& name, at::Tensor& t)>;
 
 // Drafter: fc.weight, hidden_norm.weight, layers.{i}.*, norm.weight.

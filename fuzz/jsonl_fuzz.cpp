@@ -1,12 +1,12 @@
-// Pre-tokenised JSONL data (train/data.cpp): a clean DataError, or a dataset
+// Pre-tokenised JSONL data (data/data.cpp): a clean DataError, or a dataset
 // of (N, S) rows whose ids are real tokens of the config's vocabulary.
 #include <ATen/ATen.h>
 
 #include <stdexcept>
 
 #include "core/config.h"
+#include "data/data.h"
 #include "fuzz/fuzz.h"
-#include "train/data.h"
 
 namespace {
 const dflash::Config& config() {
@@ -37,10 +37,10 @@ mask_token_id = 63
 
 DFLASH_FUZZ_TARGET({
   try {
-    const dflash::train::Dataset d = dflash::train::parse_jsonl(config(), input, "fuzz.jsonl");
+    const dflash::data::Dataset d = dflash::data::parse_jsonl(config(), input, "fuzz.jsonl");
     if (d.input_ids.size(1) != 16 || d.input_ids.min().item<int64_t>() < 0 ||
         d.input_ids.max().item<int64_t>() >= 64)
       throw std::logic_error("JSONL accepted rows outside the contract");
-  } catch (const dflash::train::DataError&) {
+  } catch (const dflash::data::DataError&) {
   }
 })

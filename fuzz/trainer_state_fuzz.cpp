@@ -1,16 +1,16 @@
-// A checkpoint's manifest, trainer_state.json (train/checkpoint.cpp): a
+// A checkpoint's manifest, trainer_state.json (models/checkpoint.cpp): a
 // clean CheckpointError or a state with non-negative counters and threads
 // in [0, 4096].
 #include <stdexcept>
 
 #include "fuzz/fuzz.h"
-#include "train/checkpoint.h"
+#include "models/checkpoint.h"
 
 DFLASH_FUZZ_TARGET({
-  dflash::train::Checkpoint ck;
+  dflash::models::Checkpoint ck;
   try {
-    dflash::train::parse_trainer_state(input, "trainer_state.json", ck);
-  } catch (const dflash::train::CheckpointError&) {
+    dflash::models::parse_trainer_state(input, "trainer_state.json", ck);
+  } catch (const dflash::models::CheckpointError&) {
     return 0;
   }
   if (ck.state.step < 0 || ck.state.cursor < 0 || !ck.config.is_object())

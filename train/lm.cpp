@@ -17,11 +17,11 @@
 #include "core/optim.h"
 #include "core/safetensors.h"
 #include "core/step.h"
+#include "data/data.h"
+#include "models/generate.h"
+#include "models/hf.h"
 #include "reference/layers.h"
 #include "reference/target.h"
-#include "train/data.h"
-#include "train/generate.h"
-#include "train/hf.h"
 
 namespace dflash::train {
 namespace fs = std::filesystem;
@@ -46,7 +46,7 @@ Corpus read_corpus(const LmRecipe& r) {
     throw std::runtime_error(fmt::format("{}: --corpus: not a directory", r.corpus));
   Corpus c;
   bool found_holdout = false;
-  for (const TextDoc& d : read_text_documents(r.corpus)) {
+  for (const data::TextDoc& d : data::read_text_documents(r.corpus)) {
     const std::string name = fs::path(d.name).filename().string();
     const bool held = name == r.holdout;
     found_holdout |= held;
@@ -125,7 +125,7 @@ std::string sample_text(const Config& c, const TargetWeights& w, const std::vect
   const int64_t P = std::min<int64_t>(48, int64_t(held.size())), S = P + 160;
   at::Tensor ids = at::zeros({1, S}, at::kLong);
   for (int64_t i = 0; i < P; ++i) ids[0][i] = held[size_t(i)];
-  greedy_continue(c, w, ids, P, ByteTokenizer::kMask);
+  models::greedy_continue(c, w, ids, P, ByteTokenizer::kMask);
   std::vector<int64_t> v(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + S);
   return fmt::format("[prompt] {}\n[greedy] {}", ByteTokenizer::decode({v.begin(), v.begin() + P}),
                      ByteTokenizer::decode({v.begin() + P, v.end()}));
@@ -185,9 +185,9 @@ double byte_lm_bits_per_byte(const std::string& model_dir, const std::string& te
   Config c;
   c.target = read_hf_config(model_dir);
   c.target.source = "hf", c.target.path = model_dir;
-  const TargetWeights w = load_hf_target(c);
+  const TargetWeights w = models::load_hf_target(c);
   std::vector<int64_t> ids;
-  for (const TextDoc& d : read_text_documents(text_file)) {
+  for (const data::TextDoc& d : data::read_text_documents(text_file)) {
     ids.insert(ids.end(), d.ids.begin(), d.ids.end());
     ids.push_back(ByteTokenizer::kEnd);
   }
@@ -233,7 +233,7 @@ LmResult evaluate_written(const LmRecipe& r, const Config& c, const Corpus& corp
       byte_lm_bits_per_byte(r.out, (fs::path(r.corpus) / r.holdout).string(), r.seq_len);
   Config rc = c;
   rc.target.source = "hf", rc.target.path = r.out;
-  const TargetWeights back = load_hf_target(rc);
+  const TargetWeights back = models::load_hf_target(rc);
   // Training-text figure: the stream's first 32 windows (ATen's attention).
   const size_t head = std::min<size_t>(corpus.train.size(), size_t(32 * r.seq_len));
   res.train_bpb = stream_nats(rc, back, {corpus.train.begin(), corpus.train.begin() + head},
@@ -305,7 +305,7 @@ LmResult train_byte_lm(const LmRecipe& r) {
   }
   for (const auto& [n, p] : params) p.set_requires_grad(false), p.mutable_grad() = at::Tensor();
   w.lm_head = w.embed_tokens;
-  write_hf_model(r.out, c, w, 1);
+  models::write_hf_model(r.out, c, w, 1);
   LmResult res = evaluate_written(r, c, corpus, say);
   res.seconds = seconds();
   say(

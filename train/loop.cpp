@@ -19,22 +19,23 @@
 #include "core/init.h"
 #include "core/optim.h"
 #include "core/safetensors.h"
+#include "core/signals.h"
 #include "core/step.h"
+#include "data/data.h"
+#include "decode/served_eval.h"
+#include "dist/split_loop.h"
 #include "harness/memory_guard.h"
 #include "harness/preflight.h"
 #include "harness/step_dump.h"
+#include "models/checkpoint.h"
+#include "models/hf.h"
 #include "optimized/step.h"
 #include "optimized/target.h"
 #include "reference/step.h"
 #include "reference/target.h"
-#include "train/checkpoint.h"
-#include "train/data.h"
-#include "train/hf.h"
 #include "train/report.h"
 #include "train/run_state.h"
 #include "train/samples.h"
-#include "train/served_eval.h"
-#include "train/split_loop.h"
 
 namespace dflash::train {
 namespace fs = std::filesystem;
@@ -44,7 +45,7 @@ double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-StepInputs inputs_of(const Run& r, const MicroBatch& mb, const char* stream, int64_t index) {
+StepInputs inputs_of(const Run& r, const data::MicroBatch& mb, const char* stream, int64_t index) {
   StepInputs in{mb.input_ids, mb.loss_mask, mb.features, mb.target_hidden, {}};
   // Anchors are drawn on the host (a seeded stream per micro-batch), then the
   // batch moves to the run's device, where the target runs.
@@ -100,7 +101,7 @@ void append_metrics(Run& r, const nlohmann::json& j) {
 Sums evaluate(Run& r) {
   Sums s;
   for (int64_t i = 0; i < r.c.train.eval_batches; ++i) {
-    const StepInputs in = inputs_of(r, eval_batch(r.c, r.data.eval, i), "eval_anchors", i);
+    const StepInputs in = inputs_of(r, data::eval_batch(r.c, r.data.eval, i), "eval_anchors", i);
     at::NoGradGuard ng;
     s.add(r.fn(r.c, r.w, r.frozen, in));
   }
@@ -119,14 +120,14 @@ void served_evaluate(Run& r) {
   const TrainConfig& tc = r.c.train;
   if (tc.served_eval_prompts == 0 || !r.target.embed_tokens.defined() || !has_eval(r)) return;
   const std::vector<std::vector<int64_t>> prompts =
-      served_prompts(r.c, r.data.eval, tc.served_eval_prompts);
-  ServedOptions so;
+      decode::served_prompts(r.c, r.data.eval, tc.served_eval_prompts);
+  decode::ServedOptions so;
   so.block_size = r.c.data.block_size;
   so.max_new_tokens = tc.served_eval_tokens;
-  so.max_context = context_limit(r.c);
+  so.max_context = decode::context_limit(r.c);
   so.budgets = {tc.served_tree_budget};
   so.plain_greedy = false;  // acceptance only; `dflash eval` times the speedup
-  const ServedReport rep = served_eval({&r.c, &r.target, &r.w, r.fn}, prompts, so);
+  const decode::ServedReport rep = decode::served_eval({&r.c, &r.target, &r.w, r.fn}, prompts, so);
   r.served = rep.block.acceptance(), r.served_tree = rep.trees[0].acceptance();
   fmt::print(
       "served @ {}: acceptance {:.3f}  tree {} {:.3f}  (tau on the same texts {:.3f}; {} "
@@ -149,45 +150,6 @@ bool has_eval(const Run& r) {
   return r.data.eval.size() > 0 || r.c.data.source == "fixture" || r.c.data.source == "inline";
 }
 
-namespace {
-// The signal that asked the run to stop (0: none). The handler only stores
-// it; the loop reads it between steps.
-std::atomic<int> stop_signal{0};
-static_assert(std::atomic<int>::is_always_lock_free, "the handler needs a lock-free store");
-extern "C" void on_stop_signal(int sig) { stop_signal.store(sig); }
-}  // namespace
-
-void install_stop_handlers() {
-  struct sigaction sa {};
-  sa.sa_handler = on_stop_signal;
-  sigemptyset(&sa.sa_mask);
-  sa.sa_flags = SA_RESTART | SA_RESETHAND;  // a second signal acts as if none were caught
-  sigaction(SIGTERM, &sa, nullptr);
-  sigaction(SIGINT, &sa, nullptr);
-}
-
-namespace {
-extern "C" void on_rank_stop_signal(int sig, siginfo_t* info, void*) {
-  if (info && info->si_code == SI_QUEUE && info->si_value.sival_int == kEndRankNow) {
-    signal(sig, SIG_DFL);  // blocked until the handler returns, then ends the rank
-    raise(sig);
-    return;
-  }
-  stop_signal.store(sig);
-}
-}  // namespace
-
-void install_rank_stop_handlers() {
-  struct sigaction sa {};
-  sa.sa_sigaction = on_rank_stop_signal;
-  sigemptyset(&sa.sa_mask);
-  sa.sa_flags = SA_RESTART | SA_SIGINFO;  // no SA_RESETHAND: a repeat is absorbed
-  sigaction(SIGTERM, &sa, nullptr);
-  sigaction(SIGINT, &sa, nullptr);
-}
-
-int stop_requested() { return stop_signal.load(); }
-
 // Test hook: DFLASH_TEST_SIGNAL_IN_STEP=<step>[,int] raises SIGTERM (SIGINT)
 // in the middle of that step (1-based), after its first micro-batch.
 void maybe_signal_in_step(int64_t step) {
@@ -207,7 +169,7 @@ Sums train_step(Run& r) {
   Sums s;
   for (int64_t d = 0; d < D; ++d) {
     const int64_t g = r.st.cursor++;
-    const StepInputs in = inputs_of(r, train_batch(r.c, r.data.train, g), "anchors", g);
+    const StepInputs in = inputs_of(r, data::train_batch(r.c, r.data.train, g), "anchors", g);
     const StepOutputs out = r.fn(r.c, r.w, r.frozen, in);
     if (!std::isfinite(out.loss.item<double>())) stop_nonfinite(r, in, g);
     (out.loss * out.weight_sum.item<double>()).backward();  // numerator; divided below
@@ -277,20 +239,20 @@ std::string run_dir_for(const Config& c, const RunOptions& o) {
 // --resume: the newest intact checkpoint (newer damaged ones are named and,
 // once the run starts writing, set aside), checked against the config.
 void resume_from_checkpoint(Run& r) {
-  ResumePoint rp = newest_intact_checkpoint(r.dir);
+  models::ResumePoint rp = models::newest_intact_checkpoint(r.dir);
   if (!rp.ck) {
     fmt::print("resume: no complete checkpoint in {}; starting at step 0\n", r.dir);
     return;
   }
-  const Checkpoint& ck = *rp.ck;
+  const models::Checkpoint& ck = *rp.ck;
   for (size_t i = 0; i < rp.damaged_dirs.size(); ++i)
     fmt::print(stderr,
                "warning: {} is damaged ({}); resuming from the newest intact checkpoint, {}; "
                "the damaged one will be set aside as damaged-*\n",
                rp.damaged_dirs[i], rp.damaged_reasons[i], ck.dir);
   r.damaged = rp.damaged_dirs;
-  const std::vector<std::string> changed = check_same_run(ck, r.c);
-  restore(ck, r.c, r.w, *r.opt);
+  const std::vector<std::string> changed = models::check_same_run(ck, r.c);
+  models::restore(ck, r.c, r.w, *r.opt);
   r.st = ck.state;
   r.resumed = true;
   if (ck.threads != 0 && ck.threads != at::get_num_threads())
@@ -315,17 +277,17 @@ std::unique_ptr<Run> prepare(const Config& c, const RunOptions& o, bool with_dat
   r->device = config_device(c);
   activate_device(r->device, c.path + ": topology.device");
   if (c.data.source == "features") {
-    r->frozen = read_features_frozen(c, c.data.path);
+    r->frozen = data::read_features_frozen(c, c.data.path);
   } else if (with_target) {
-    r->target = load_target(c);
+    r->target = models::load_target(c);
     to_device(r->target, r->device);
     r->frozen = r->target.frozen();
   } else {
-    r->frozen = load_frozen(c);
+    r->frozen = models::load_frozen(c);
   }
   to_device(r->frozen, r->device);
   if (with_data) {
-    r->data = load_data(c, c.data.source == "features" ? nullptr : &r->target);
+    r->data = data::load_data(c, c.data.source == "features" ? nullptr : &r->target);
     if (r->data.train.size() > 0)
       fmt::print("data: {} training samples from {}; {} held out from {}\n", r->data.train.size(),
                  r->data.train.label, r->data.eval.size(),
@@ -337,7 +299,7 @@ std::unique_ptr<Run> prepare(const Config& c, const RunOptions& o, bool with_dat
   r->fn =
       o.build == "reference" ? StepFn(reference::drafter_step) : StepFn(optimized::drafter_step);
   r->tokens_per_step = double(c.data.batch_size * c.data.seq_len * c.train.micro_batches);
-  const auto latest = latest_checkpoint(r->dir);
+  const auto latest = models::latest_checkpoint(r->dir);
   if (latest && !o.resume)
     throw std::runtime_error(fmt::format(
         "{} already holds checkpoints ({}); pass --resume to continue that run or --out-dir "
@@ -365,7 +327,8 @@ void open_metrics(Run& r) {
 double begin_run(Run& r) {
   fs::create_directories(r.dir);
   for (const std::string& d : r.damaged)  // a new checkpoint of that step must not meet it
-    fmt::print(stderr, "set aside the damaged checkpoint {} as {}\n", d, set_aside_damaged(d));
+    fmt::print(stderr, "set aside the damaged checkpoint {} as {}\n", d,
+               models::set_aside_damaged(d));
   r.damaged.clear();
   safetensors::write_file_atomic((fs::path(r.dir) / "config.toml").string(), config_to_toml(r.c));
   open_metrics(r);
@@ -382,7 +345,7 @@ bool after_step(Run& r, const AdamW& opt) {
   if (!last && tc.eval_every > 0 && r.st.step % tc.eval_every == 0 && has_eval(r)) evaluate(r);
   if (!last && tc.served_eval_every > 0 && r.st.step % tc.served_eval_every == 0)
     served_evaluate(r);
-  if (saving) fmt::print("checkpoint: {}\n", save_checkpoint(r.dir, r.c, r.w, opt, r.st));
+  if (saving) fmt::print("checkpoint: {}\n", models::save_checkpoint(r.dir, r.c, r.w, opt, r.st));
   maybe_exit_after(r.st.step);
   return saving;
 }
@@ -390,7 +353,8 @@ bool after_step(Run& r, const AdamW& opt) {
 std::pair<double, std::string> end_run(Run& r, const AdamW& opt, bool saved_now) {
   const double tau = has_eval(r) ? evaluate(r).tau() : 0.0;
   served_evaluate(r);
-  if (!saved_now) fmt::print("checkpoint: {}\n", save_checkpoint(r.dir, r.c, r.w, opt, r.st));
+  if (!saved_now)
+    fmt::print("checkpoint: {}\n", models::save_checkpoint(r.dir, r.c, r.w, opt, r.st));
   r.metrics.close();
   if (r.data.eval.size() > 0) {
     const SampleSource src{&r.c, r.fn, &r.w, &r.frozen, &r.target, r.device};
@@ -405,7 +369,7 @@ std::pair<double, std::string> end_run(Run& r, const AdamW& opt, bool saved_now)
 void stop_for_signal(Run& r, const AdamW& opt, bool saved_now, int sig, RunSummary& sum) {
   const std::string ck =
       saved_now ? (fs::path(r.dir) / "checkpoints" / fmt::format("step-{:06d}", r.st.step)).string()
-                : save_checkpoint(r.dir, r.c, r.w, opt, r.st);
+                : models::save_checkpoint(r.dir, r.c, r.w, opt, r.st);
   r.metrics.close();
   sum.signal = sig;
   fmt::print(stderr,
@@ -513,7 +477,7 @@ int run_training(const RunOptions& o) {
   // Every input is checked before anything is written.
   std::unique_ptr<detail::Run> r = detail::prepare(c, o, true, true);
   if (!detail::gate(c, o, r->dir)) return 1;
-  detail::install_stop_handlers();  // SIGTERM / SIGINT: checkpoint, then exit 128 + signal
+  install_stop_handlers();  // SIGTERM / SIGINT: checkpoint, then exit 128 + signal
   const RunSummary s = detail::run_loop(*r);
   if (s.signal != 0) return 128 + s.signal;
   if (r->resumed)

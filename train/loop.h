@@ -9,7 +9,7 @@
 // SIGTERM / SIGINT stop it between steps with a checkpoint of the step just
 // finished (exit 128 + signal; --resume continues bit-exactly).
 // Launched with RANK / WORLD_SIZE > 1 it runs the target/drafter split
-// (train/split_loop.h) instead.
+// (dist/split_loop.h) instead.
 #pragma once
 
 #include <cstdint>
@@ -47,20 +47,6 @@ struct RunSummary {
   double first_served = 0, last_served = 0;  // served acceptance (0: not measured)
   int signal = 0;  // SIGTERM / SIGINT that stopped the run after a checkpoint (0: it finished)
 };
-
-// SIGTERM / SIGINT as a stop request: one flag per process (train/loop.cpp),
-// read between steps. install_stop_handlers (one process, and the launcher,
-// cli/launch.cpp): a second signal acts as if none were caught.
-// install_rank_stop_handlers (a rank of the split, train/split.cpp): repeats
-// are absorbed (the launcher forwards what it receives), and a signal queued
-// (sigqueue) with kEndRankNow, the launcher ending the ranks after another
-// rank failed, ends the rank at once as if none were caught.
-namespace detail {
-void install_stop_handlers();
-void install_rank_stop_handlers();
-int stop_requested();
-}  // namespace detail
-inline constexpr int kEndRankNow = 0x0df1a5;
 
 // The config with the command-line overrides applied and re-validated.
 Config resolve_config(const RunOptions& o);

@@ -11,8 +11,8 @@
 
 #include "core/optim.h"
 #include "core/step.h"
-#include "train/checkpoint.h"
-#include "train/data.h"
+#include "data/data.h"
+#include "models/checkpoint.h"
 #include "train/loop.h"
 
 namespace dflash::train::detail {
@@ -51,11 +51,11 @@ struct Run {
   std::string dir;
   TargetWeights target;  // undefined tensors for source = "features"
   FrozenWeights frozen;
-  DataSplit data;
+  data::DataSplit data;
   DrafterWeights w;
   std::unique_ptr<AdamW> opt;
   StepFn fn;
-  TrainerState st;
+  models::TrainerState st;
   std::ofstream metrics;
   double tokens_per_step = 0;
   bool resumed = false;
@@ -72,7 +72,7 @@ std::string run_dir_for(const Config& c, const RunOptions& o);
 // --resume. Writes nothing.
 std::unique_ptr<Run> prepare(const Config& c, const RunOptions& o, bool with_data,
                              bool with_target);
-StepInputs inputs_of(const Run& r, const MicroBatch& mb, const char* stream, int64_t index);
+StepInputs inputs_of(const Run& r, const data::MicroBatch& mb, const char* stream, int64_t index);
 void open_metrics(Run& r);
 void append_metrics(Run& r, const nlohmann::json& j);
 bool has_eval(const Run& r);
@@ -95,10 +95,6 @@ bool after_step(Run& r, const AdamW& opt);
 // {held-out tau, report path}.
 std::pair<double, std::string> end_run(Run& r, const AdamW& opt, bool saved_now);
 void maybe_exit_after(int64_t step);
-// SIGTERM / SIGINT handlers that only record the signal (sigaction; a second
-// one acts as if none were caught); stop_requested() is it, 0 when none came.
-void install_stop_handlers();
-int stop_requested();
 // A progress line at the first and last step and every train.log_every.
 bool line_due(const Run& r);
 bool gate(const Config& c, const RunOptions& o, const std::string& dir);

@@ -20,8 +20,8 @@
 #include "fixtures/fixtures.h"
 #include "fixtures/test_support.h"
 #include "harness/step_dump.h"
-#include "train/checkpoint.h"
-#include "train/hf.h"
+#include "models/checkpoint.h"
+#include "models/hf.h"
 
 namespace dflash::train {
 namespace {
@@ -105,10 +105,10 @@ TEST(Resume, KillDuringCheckpointWriteKeepsThePreviousOne) {
   ASSERT_EQ(straight.code, 0) << straight.out;
   const Shell killed = f.train("run", "", "DFLASH_TEST_CRASH_IN_CHECKPOINT=4");
   ASSERT_EQ(killed.code, 9) << killed.out;
-  const auto latest = latest_checkpoint(f.tmp / "run");
+  const auto latest = models::latest_checkpoint(f.tmp / "run");
   ASSERT_TRUE(latest.has_value());
   EXPECT_EQ(fs::path(*latest).filename(), "step-000002");
-  const Checkpoint ck = read_checkpoint(*latest);  // loadable
+  const models::Checkpoint ck = models::read_checkpoint(*latest);  // loadable
   EXPECT_EQ(ck.state.step, 2);
   const Shell resumed = f.train("run", "--resume");
   ASSERT_EQ(resumed.code, 0) << resumed.out;
@@ -443,7 +443,7 @@ TEST(HfTarget, GatedRunTrainsAgainstTheDirectory) {
   Config c = load_config(testing_support::cfg("dist-1x2.toml"));  // the same target shape
   c.target.tie_word_embeddings = true;
   c.run.dtype = DType::kFloat64;
-  write_hf_model(tmp / "model", c, make_target(c), 2);
+  models::write_hf_model(tmp / "model", c, make_target(c), 2);
   const Shell r = sh(dflash() + " train --preflight-cases 5 --config " + f.config + " --out-dir " +
                      (tmp / "run"));
   ASSERT_EQ(r.code, 0) << r.out;
@@ -476,10 +476,10 @@ TEST(Faults, AFailedCheckpointWriteLeavesNoTempDirectory) {
   EXPECT_NE(full.out.find("writing checkpoint step-000004 failed"), std::string::npos) << full.out;
   EXPECT_NE(full.out.find("disk full"), std::string::npos) << full.out;
   EXPECT_TRUE(tmp_dirs_in(f.tmp / "run/checkpoints").empty()) << full.out;
-  const auto latest = latest_checkpoint(f.tmp / "run");
+  const auto latest = models::latest_checkpoint(f.tmp / "run");
   ASSERT_TRUE(latest.has_value());
   EXPECT_EQ(fs::path(*latest).filename(), "step-000002");
-  EXPECT_EQ(read_checkpoint(*latest).state.step, 2);
+  EXPECT_EQ(models::read_checkpoint(*latest).state.step, 2);
   const Shell resumed = f.train("run", "--resume");
   ASSERT_EQ(resumed.code, 0) << resumed.out;
   expect_bitwise_equal(f.params("straight"), f.params("run"));
@@ -502,7 +502,7 @@ TEST(Faults, ResumePassesOverADamagedNewestCheckpoint) {
       << resumed.out;
   EXPECT_NE(resumed.out.find("step     3  loss"), std::string::npos) << resumed.out;
   expect_bitwise_equal(f.params("straight"), f.params("run"));
-  EXPECT_EQ(read_checkpoint(ck4).state.step, 4);  // written anew
+  EXPECT_EQ(models::read_checkpoint(ck4).state.step, 4);  // written anew
   // Every checkpoint damaged: refused, each named.
   fs::resize_file(ck4 + "/model.safetensors", 100);
   std::ofstream(f.tmp / "run/checkpoints/step-000002/trainer_state.json") << "{\"step\": ";
@@ -528,7 +528,7 @@ TEST(Resume, MoreStepsAndAnotherRateContinueFromTheRecordedStep) {
   EXPECT_NE(more.out.find("schedule continues from step 4"), std::string::npos) << more.out;
   EXPECT_EQ(more.out.find("step     4  loss"), std::string::npos) << more.out;
   EXPECT_NE(more.out.find("step     6  loss"), std::string::npos) << more.out;
-  EXPECT_EQ(read_checkpoint(f.tmp / "run/checkpoints/step-000006").state.step, 6);
+  EXPECT_EQ(models::read_checkpoint(f.tmp / "run/checkpoints/step-000006").state.step, 6);
   ASSERT_EQ(f.train("straight", "--steps 6 --lr 5e-3").code, 0);
   auto lr_of = [&](const std::string& run, int64_t step) {
     std::ifstream m(f.tmp / (run + "/metrics.jsonl"));
@@ -558,7 +558,7 @@ TEST(Signals, SigtermCheckpointsTheStepAndResumeIsBitExact) {
       << stopped.out;
   EXPECT_NE(stopped.out.find("--out-dir " + (f.tmp / "run") + " --resume"), std::string::npos)
       << stopped.out;
-  EXPECT_EQ(read_checkpoint(f.tmp / "run/checkpoints/step-000003").state.step, 3);
+  EXPECT_EQ(models::read_checkpoint(f.tmp / "run/checkpoints/step-000003").state.step, 3);
   EXPECT_FALSE(fs::exists(f.tmp / "run.params"));
   const Shell resumed = f.train("run", "--resume");
   ASSERT_EQ(resumed.code, 0) << resumed.out;
@@ -583,7 +583,7 @@ TEST(Eval, ARunWithARelativeTargetPathEvaluatesFromElsewhere) {
   Config c = load_config(testing_support::cfg("dist-1x2.toml"));  // the same target shape
   c.target.tie_word_embeddings = true;
   c.run.dtype = DType::kFloat64;
-  write_hf_model(tmp / "model", c, make_target(c), 1);
+  models::write_hf_model(tmp / "model", c, make_target(c), 1);
   const std::string bin = fs::absolute(dflash()).string();
   const Shell r = sh("cd " + tmp.p.string() + " && " + bin +
                      " train --skip-preflight --config small.toml --out-dir run");

@@ -34,7 +34,7 @@ std::vector<int64_t> row_anchors(const at::Tensor& mask, int64_t n, int64_t bs) 
 
 }  // namespace
 
-nlohmann::json draft_samples(const SampleSource& s, const Dataset& eval, int64_t rows,
+nlohmann::json draft_samples(const SampleSource& s, const data::Dataset& eval, int64_t rows,
                              int64_t anchors) {
   const Config& c = *s.c;
   const int64_t bs = c.data.block_size;

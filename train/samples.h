@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/step.h"
-#include "train/data.h"
+#include "data/data.h"
 
 namespace dflash::train {
 
@@ -24,7 +24,7 @@ struct SampleSource {
 // "continuation": [ids], "blocks": [{"anchor", "proposal": [ids],
 // "target": [ids], "accepted"}]}]}: `rows` held-out rows from `eval`,
 // `anchors` anchors each, evenly spaced over the row's counted positions.
-nlohmann::json draft_samples(const SampleSource& s, const Dataset& eval, int64_t rows,
+nlohmann::json draft_samples(const SampleSource& s, const data::Dataset& eval, int64_t rows,
                              int64_t anchors);
 
 }  // namespace dflash::train

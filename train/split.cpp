@@ -12,11 +12,12 @@
 #include <filesystem>
 
 #include "core/safetensors.h"
-#include "train/checkpoint.h"
+#include "core/signals.h"
+#include "dist/split_loop.h"
+#include "models/checkpoint.h"
 #include "train/loop.h"
 #include "train/report.h"
 #include "train/run_state.h"
-#include "train/split_loop.h"
 
 namespace dflash::train::detail {
 namespace fs = std::filesystem;
@@ -42,7 +43,7 @@ void record_verdict(const Config& c, const RunOptions& o, const std::string& dir
   safetensors::write_file_atomic(out.string(), j.dump(2) + "\n");
 }
 
-void split_progress(Run& r, const StepLog& l) {
+void split_progress(Run& r, const dist::StepLog& l) {
   append_metrics(r, {{"kind", "train"},
                      {"step", r.st.step},
                      {"loss", l.loss},
@@ -65,14 +66,15 @@ void split_progress(Run& r, const StepLog& l) {
 // Drafter rank 0: once the ranks have met (every rank's inputs checked), the
 // run directory, step-0 evaluation; then metrics, evaluation, checkpoints
 // and the report.
-void report_hooks(Run* run, const RunOptions& o, int64_t D, SplitHooks& h) {
+void report_hooks(Run* run, const RunOptions& o, int64_t D, dist::SplitHooks& h) {
   auto saved = std::make_shared<bool>(false);
   h.at_start = [run, o] {
     fs::create_directories(run->dir);
     record_verdict(run->c, o, run->dir);
     begin_run(*run);
   };
-  h.after_step = [run, D, saved](const StepLog& l, const DrafterWeights& w, const AdamW& opt) {
+  h.after_step = [run, D, saved](const dist::StepLog& l, const DrafterWeights& w,
+                                 const AdamW& opt) {
     run->st.step = l.step + 1, run->st.cursor = run->st.step * D;
     run->w = w;  // the same tensors, for evaluation and checkpoints
     split_progress(*run, l);
@@ -87,7 +89,7 @@ void report_hooks(Run* run, const RunOptions& o, int64_t D, SplitHooks& h) {
     const std::string ck =
         *saved ? (fs::path(run->dir) / "checkpoints" / fmt::format("step-{:06d}", run->st.step))
                      .string()
-               : save_checkpoint(run->dir, run->c, run->w, opt, run->st);
+               : models::save_checkpoint(run->dir, run->c, run->w, opt, run->st);
     run->metrics.close();
     fmt::print(stderr,
                "dflash train: stopped by {} after step {} of {} (every rank stops after it); "
@@ -107,7 +109,7 @@ void maybe_signal_launcher(int64_t step) {
 }
 
 // Every drafter: the same resumed state, the test poison, the non-finite dump.
-void drafter_hooks(Run* run, int64_t rank, bool reporter, SplitHooks& h) {
+void drafter_hooks(Run* run, int64_t rank, bool reporter, dist::SplitHooks& h) {
   h.frozen = [run] { return run->frozen; };
   h.resume = [run](DrafterWeights& w, AdamW& opt) { w = run->w, opt = *run->opt; };
   run->dump_suffix = fmt::format("-rank-{}", rank);
@@ -152,7 +154,7 @@ int run_split(const Config& c, const RunOptions& o) {
   // drafter 0 (evaluation) load the target and data; other drafters only
   // the frozen embedding and LM head.
   std::unique_ptr<Run> r = prepare(cs, o, target || reporter, target || reporter);
-  TrainOptions t;
+  dist::TrainOptions t;
   t.steps = cs.train.steps;
   t.micro_batches = D;
   t.build = o.build;
@@ -165,11 +167,11 @@ int run_split(const Config& c, const RunOptions& o) {
   t.hooks.start_step = run->st.step;
   if (target)
     t.hooks.micro_batch = [run](int64_t g) {
-      return inputs_of(*run, train_batch(run->c, run->data.train, g), "anchors", g);
+      return inputs_of(*run, data::train_batch(run->c, run->data.train, g), "anchors", g);
     };
   if (drafter) drafter_hooks(run, rank, reporter, t.hooks);
   if (reporter) report_hooks(run, o, D, t.hooks);
-  return run_train(cs, t);
+  return dist::run_train(cs, t);
 }
 
 }  // namespace dflash::train::detail

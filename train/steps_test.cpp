@@ -14,8 +14,8 @@
 #include <fstream>
 
 #include "core/weights.h"
+#include "data/data.h"
 #include "reference/step.h"
-#include "train/data.h"
 #include "train/loop.h"
 #include "train/run_state.h"
 
@@ -58,7 +58,8 @@ void hand_loop(detail::Run& r) {
     at::Tensor num = at::zeros({}, at::kDouble), den = at::zeros({}, at::kDouble);
     for (int64_t d = 0; d < D; ++d) {
       const int64_t g = t * D + d;
-      const StepInputs in = detail::inputs_of(r, train_batch(r.c, r.data.train, g), "anchors", g);
+      const StepInputs in =
+          detail::inputs_of(r, data::train_batch(r.c, r.data.train, g), "anchors", g);
       const StepOutputs out = reference::drafter_step(r.c, r.w, r.frozen, in);
       num = num + out.loss * out.weight_sum;  // ce_w * sum(w CE) + kl_w * sum(w KL)
       den = den + out.weight_sum;

@@ -1,0 +1,210 @@
+// `dflash features`: the target's tapped features and final hidden states,
+// precomputed into safetensors shards so training need not load the target.
+//
+// DIR/features.json   {"format": "dflash-features-v1", vocab_size, hidden_size,
+//                      seq_len, target_layer_ids, dtype, target: {...},
+//                      "train": [{"file", "samples"}...], "eval": [...]}
+// DIR/train-00000.safetensors ...  input_ids (n, S) int64, loss_mask (n, S) uint8,
+//                                  features (n, S, L*H), target_hidden (n, S, H)
+// DIR/frozen.safetensors          embed_tokens.weight, lm_head.weight
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/safetensors.h"
+#include "core/step.h"
+#include "data/data.h"
+#include "harness/memory_guard.h"
+#include "models/hf.h"
+#include "optimized/target.h"
+#include "reference/target.h"
+
+namespace dflash::data {
+namespace fs = std::filesystem;
+namespace {
+
+constexpr const char* kIndex = "features.json";
+constexpr const char* kFormat = "dflash-features-v1";
+
+nlohmann::json read_index(const std::string& dir) {
+  const std::string file = (fs::path(dir) / kIndex).string();
+  std::ifstream in(file);
+  if (!in)
+    throw DataError(
+        fmt::format("{}: cannot open (data.path should be a `dflash features` output "
+                    "directory)",
+                    file));
+  nlohmann::json j;
+  try {
+    in >> j;
+  } catch (const nlohmann::json::exception& e) {
+    throw DataError(fmt::format("{}: not valid JSON: {}", file, e.what()));
+  }
+  if (!j.is_object() || j.value("format", "") != kFormat)
+    throw DataError(fmt::format("{}: format: expected \"{}\"", file, kFormat));
+  return j;
+}
+
+// The directory must have been written for this config's target and taps.
+void check_index(const Config& c, const nlohmann::json& j, const std::string& dir) {
+  const std::string file = (fs::path(dir) / kIndex).string();
+  auto same = [&](const char* key, const nlohmann::json& want, const char* from) {
+    if (!j.contains(key) || j[key] != want)
+      throw DataError(fmt::format("{}: {}: expected {} ({} in {}), found {}", file, key,
+                                  want.dump(), from, c.path,
+                                  j.contains(key) ? j[key].dump() : "nothing"));
+  };
+  same("vocab_size", c.target.vocab_size, "target.vocab_size");
+  same("hidden_size", c.target.shape.hidden_size, "target.hidden_size");
+  same("seq_len", c.data.seq_len, "data.seq_len");
+  same("target_layer_ids", c.drafter.target_layer_ids, "drafter.target_layer_ids");
+  same("mask_token_id", c.data.mask_token_id, "data.mask_token_id");
+}
+
+at::Tensor shard_tensor(const safetensors::File& f, const char* name, std::vector<int64_t> shape) {
+  const at::Tensor& t = f.get(name);
+  if (t.sizes().vec() != shape)
+    throw DataError(fmt::format("{}: {}: expected shape {}, found {}", f.label, name,
+                                shape_text(shape), shape_text(t.sizes())));
+  return t;
+}
+
+Dataset read_shard(const Config& c, const std::string& file, int64_t n) {
+  const safetensors::File f = safetensors::read(file);
+  const int64_t S = c.data.seq_len, H = c.target.shape.hidden_size, L = c.num_taps();
+  const at::ScalarType dt = scalar_type(c.run.dtype);
+  Dataset d{file, shard_tensor(f, "input_ids", {n, S}).to(at::kLong),
+            shard_tensor(f, "loss_mask", {n, S}).to(at::kBool),
+            shard_tensor(f, "features", {n, S, L * H}).to(dt),
+            shard_tensor(f, "target_hidden", {n, S, H}).to(dt)};
+  if (n > 0) {
+    const int64_t lo = d.input_ids.min().item<int64_t>(), hi = d.input_ids.max().item<int64_t>();
+    if (lo < 0 || hi >= c.target.vocab_size ||
+        (d.input_ids == c.data.mask_token_id).any().item<bool>())
+      throw DataError(
+          fmt::format("{}: input_ids: expected token ids in [0, {}) other than the mask "
+                      "token {}, found [{}, {}]",
+                      file, c.target.vocab_size, c.data.mask_token_id, lo, hi));
+    const at::Tensor m = f.get("loss_mask");
+    if (((m != 0) & (m != 1)).any().item<bool>())
+      throw DataError(fmt::format("{}: loss_mask: expected 0 or 1 entries", file));
+  }
+  return d;
+}
+
+Dataset cat_datasets(const std::string& label, const std::vector<Dataset>& parts) {
+  if (parts.empty()) return {label, {}, {}, {}, {}};
+  std::vector<at::Tensor> a, b, f, h;
+  for (const Dataset& p : parts)
+    a.push_back(p.input_ids), b.push_back(p.loss_mask), f.push_back(p.features),
+        h.push_back(p.target_hidden);
+  return {label, at::cat(a), at::cat(b), at::cat(f), at::cat(h)};
+}
+
+// Runs the target over `d` in chunks and writes shards; returns the index entries.
+nlohmann::json write_split(const Config& c, const TargetWeights& target, const Dataset& d,
+                           const std::string& split, const fs::path& dir, int64_t shard_samples) {
+  nlohmann::json entries = nlohmann::json::array();
+  at::NoGradGuard ng;
+  for (int64_t s0 = 0, k = 0; s0 < d.size(); s0 += shard_samples, ++k) {
+    const int64_t n = std::min(shard_samples, d.size() - s0);
+    const at::Tensor ids = d.input_ids.narrow(0, s0, n).contiguous();
+    const reference::TargetOutputs out = optimized::target_forward(c, target, ids);
+    const std::string name = fmt::format("{}-{:05d}.safetensors", split, k);
+    safetensors::write((dir / name).string(),
+                       {{"input_ids", ids},
+                        {"loss_mask", d.loss_mask.narrow(0, s0, n).to(at::kByte).contiguous()},
+                        {"features", out.features.contiguous()},
+                        {"target_hidden", out.final_hidden.contiguous()}},
+                       {{"format", kFormat}});
+    entries.push_back({{"file", name}, {"samples", n}});
+  }
+  return entries;
+}
+
+}  // namespace
+
+Dataset read_features(const Config& c, const std::string& dir, const std::string& split) {
+  const nlohmann::json j = read_index(dir);
+  check_index(c, j, dir);
+  std::vector<Dataset> parts;
+  const nlohmann::json entries = j.value(split, nlohmann::json::array());
+  if (!entries.is_array())
+    throw DataError(fmt::format("{}/{}: {}: expected an array of shards", dir, kIndex, split));
+  for (const auto& e : entries) {
+    if (!e.is_object() || !e.value("file", nlohmann::json()).is_string() ||
+        !e.value("samples", nlohmann::json()).is_number_integer())
+      throw DataError(
+          fmt::format("{}/{}: {}: expected entries {{\"file\": name, \"samples\": n}}, "
+                      "found {}",
+                      dir, kIndex, split, e.dump()));
+    const fs::path p = fs::path(dir) / e.value("file", "");
+    if (!fs::exists(p))
+      throw DataError(fmt::format("{}/{}: {}: lists {}, which does not exist (missing shard)", dir,
+                                  kIndex, split, p.string()));
+    parts.push_back(read_shard(c, p.string(), e.value("samples", int64_t(0))));
+  }
+  if (split == "train" && parts.empty())
+    throw DataError(fmt::format("{}/{}: train: expected at least one shard", dir, kIndex));
+  return cat_datasets(fmt::format("{} ({})", dir, split), parts);
+}
+
+FrozenWeights read_features_frozen(const Config& c, const std::string& dir) {
+  const std::string file = (fs::path(dir) / "frozen.safetensors").string();
+  const safetensors::File f = safetensors::read(file);
+  std::map<std::string, at::Tensor> m(f.tensors.begin(), f.tensors.end());
+  return bind_frozen(c, m, scalar_type(c.run.dtype), file);
+}
+
+int write_features(const Config& c, const std::string& out_dir, int64_t shard_samples) {
+  const std::string& config = c.path;
+  if (c.data.source == "fixture" || c.data.source == "inline" || c.data.source == "features")
+    throw DataError(
+        fmt::format("{}: data.source: expected jsonl, shards or self_distill for "
+                    "`dflash features` (a finite dataset), found \"{}\"",
+                    config, c.data.source));
+  if (shard_samples < 1)
+    throw DataError(fmt::format("--shard-samples: expected >= 1, found {}", shard_samples));
+  const fs::path out = fs::path(out_dir).lexically_normal() / "";  // "a/b/" for "a/b" or "a/b/"
+  const fs::path final_dir = out.parent_path();
+  if (fs::exists(final_dir))
+    throw DataError(fmt::format("{}: already exists; not overwriting it", final_dir.string()));
+  harness::guard_memory(c, harness::Workload::kFeatures, "dflash features");
+  configure_threads(c.run.threads);
+  const TargetWeights target = models::load_target(c);
+  const DataSplit data = load_data(c, &target);
+  const fs::path tmp = final_dir.parent_path() /
+                       fmt::format(".{}.tmp-{}", final_dir.filename().string(), ::getpid());
+  fs::remove_all(tmp);
+  fs::create_directories(tmp);
+  try {
+    nlohmann::json j = {{"format", kFormat},
+                        {"vocab_size", c.target.vocab_size},
+                        {"hidden_size", c.target.shape.hidden_size},
+                        {"seq_len", c.data.seq_len},
+                        {"target_layer_ids", c.drafter.target_layer_ids},
+                        {"mask_token_id", c.data.mask_token_id},
+                        {"dtype", dtype_name(c.run.dtype)},
+                        {"config", config_to_json(c)}};
+    j["train"] = write_split(c, target, data.train, "train", tmp, shard_samples);
+    j["eval"] = write_split(c, target, data.eval, "eval", tmp, shard_samples);
+    safetensors::write(
+        (tmp / "frozen.safetensors").string(),
+        {{"embed_tokens.weight", target.embed_tokens}, {"lm_head.weight", target.lm_head}},
+        {{"format", kFormat}});
+    safetensors::write_file_atomic((tmp / kIndex).string(), j.dump(2) + "\n");
+    fs::rename(tmp, final_dir);
+  } catch (...) {
+    fs::remove_all(tmp);
+    throw;
+  }
+  fmt::print("features: {} training and {} held-out samples in {}\n", data.train.size(),
+             data.eval.size(), final_dir.string());
+  return 0;
+}
+
+}  // namespace dflash::data

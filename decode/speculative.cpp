@@ -1,0 +1,341 @@
+// Served speculative decoding over the reference building blocks; see
+// speculative.h. Batch of one: every sequence accepts its own lengths.
+#include "decode/speculative.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <queue>
+#include <stdexcept>
+#include <tuple>
+
+#include "reference/layers.h"
+#include "reference/step.h"
+
+namespace dflash::decode {
+namespace {
+
+using namespace dflash::reference;
+
+double now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+struct Rope {
+  at::Tensor cos, sin;  // (1, 1, T, hd)
+};
+Rope rope_at(const at::Tensor& positions, const LayerShape& s, at::ScalarType dtype) {  // (T)
+  auto [cos, sin] = rope_cos_sin(positions.unsqueeze(0), s.head_dim, s.rope_theta, dtype);
+  return {cos.unsqueeze(1), sin.unsqueeze(1)};
+}
+
+at::Tensor cat_keys(const at::Tensor& cache, const at::Tensor& fresh) {  // along positions
+  return cache.defined() ? at::cat({cache, fresh}, 2) : fresh;
+}
+
+// Committed keys (all visible) beside the new rows' own visibility: (1, T, n + T).
+at::Tensor visibility(int64_t committed, const at::Tensor& among_new) {
+  const int64_t T = among_new.size(0);
+  const at::Tensor old = at::ones({T, committed}, among_new.options());
+  return at::cat({old, among_new}, 1).unsqueeze(0);
+}
+
+}  // namespace
+
+TargetCache::TargetCache(const Config& c, const TargetWeights& w, int64_t banned)
+    : c_(c), w_(w), banned_(banned), k_(w.layers.size()), v_(w.layers.size()) {}
+
+TargetCache::Out TargetCache::forward(const at::Tensor& tokens, const at::Tensor& positions,
+                                      const at::Tensor& visible, int64_t choices_from) {
+  at::NoGradGuard ng;
+  const LayerShape& s = c_.target.shape;
+  const int64_t T = tokens.size(0), hd = s.head_dim;
+  const double eps = s.rms_norm_eps;
+  const auto dev = w_.embed_tokens.device();
+  at::Tensor x = w_.embed_tokens.index_select(0, tokens.to(dev)).unsqueeze(0);  // (1, T, H)
+  const Rope r = rope_at(positions.to(dev), s, x.scalar_type());
+  const at::Tensor among =
+      visible.defined() ? visible.to(dev) : at::ones({T, T}, x.options().dtype(at::kBool)).tril();
+  const at::Tensor mask = visibility(length_, among);  // (1, T, length + T)
+  std::vector<at::Tensor> taps(c_.drafter.target_layer_ids.size());
+  for (size_t l = 0; l < w_.layers.size(); ++l) {
+    const DecoderLayerWeights& lw = w_.layers[l];
+    if (k_[l].defined() && k_[l].size(2) > length_)  // an uncommitted forward's keys
+      k_[l] = k_[l].narrow(2, 0, length_), v_[l] = v_[l].narrow(2, 0, length_);
+    const at::Tensor h = rms_norm(x, lw.input_layernorm, eps);  // (1, T, H)
+    const at::Tensor q =
+        apply_rope(normed_heads(h, lw.q_proj, lw.q_norm, s.num_attention_heads, hd, eps), r.cos,
+                   r.sin);  // (1, nh, T, hd)
+    const at::Tensor k = apply_rope(
+        normed_heads(h, lw.k_proj, lw.k_norm, s.num_key_value_heads, hd, eps), r.cos, r.sin);
+    k_[l] = cat_keys(k_[l], k);  // (1, nkv, length + T, hd)
+    v_[l] = cat_keys(v_[l], split_heads(project(h, lw.v_proj), s.num_key_value_heads, hd));
+    const at::Tensor x1 =
+        x + project(merge_heads(masked_attention(q, k_[l], v_[l], mask)), lw.o_proj);
+    x = x1 + swiglu_mlp(rms_norm(x1, lw.post_attention_layernorm, eps), lw);
+    for (size_t t = 0; t < taps.size(); ++t)
+      if (c_.drafter.target_layer_ids[t] == int64_t(l)) taps[t] = x.squeeze(0);
+  }
+  const at::ScalarType acc = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const at::Tensor last = x.squeeze(0).narrow(0, choices_from, T - choices_from);
+  at::Tensor logits = project(rms_norm(last, w_.norm, eps), w_.lm_head).to(acc);
+  if (banned_ >= 0) logits.select(1, banned_).fill_(-INFINITY);  // (T - choices_from, V)
+  return {logits.argmax(1).cpu(), taps.empty() ? at::Tensor() : at::cat(taps, -1)};
+}
+
+void TargetCache::commit(const std::vector<int64_t>& rows) {
+  if (rows.empty()) return;
+  for (size_t l = 0; l < k_.size(); ++l) {
+    const at::Tensor idx = at::tensor(rows, at::kLong).to(k_[l].device()) + length_;
+    const at::Tensor keep = at::cat({at::arange(length_, idx.options()), idx});
+    k_[l] = k_[l].index_select(2, keep), v_[l] = v_[l].index_select(2, keep);
+  }
+  length_ += int64_t(rows.size());
+}
+
+DFlashDrafter::DFlashDrafter(const Config& c, const DrafterWeights& w, const FrozenWeights& frozen,
+                             int64_t block_size)
+    : c_(c), f_(frozen), bs_(block_size), k_(w.layers.size()), v_(w.layers.size()) {
+  at::NoGradGuard ng;
+  w_ = cast(w, frozen.lm_head.scalar_type());
+}
+
+void DFlashDrafter::extend(const at::Tensor& taps) {
+  at::NoGradGuard ng;
+  const LayerShape& s = c_.drafter.shape;
+  const int64_t T = taps.size(0), hd = s.head_dim, nkv = s.num_key_value_heads;
+  const at::Tensor C = draft_context(w_, taps.unsqueeze(0).to(w_.fc.scalar_type()),
+                                     s.rms_norm_eps);  // (1, T, H), SPEC step 4
+  const Rope r = rope_at(at::arange(length_, length_ + T, taps.options().dtype(at::kLong)), s,
+                         C.scalar_type());  // context keys at their own positions
+  for (size_t l = 0; l < w_.layers.size(); ++l) {
+    const DecoderLayerWeights& lw = w_.layers[l];
+    k_[l] = cat_keys(
+        k_[l],
+        apply_rope(normed_heads(C, lw.k_proj, lw.k_norm, nkv, hd, s.rms_norm_eps), r.cos, r.sin));
+    v_[l] = cat_keys(v_[l], split_heads(project(C, lw.v_proj), nkv, hd));
+  }
+  length_ += T;
+}
+
+at::Tensor DFlashDrafter::propose(int64_t anchor_token, int64_t slots) {
+  at::NoGradGuard ng;
+  const LayerShape& s = c_.drafter.shape;
+  const int64_t hd = s.head_dim, nh = s.num_attention_heads, nkv = s.num_key_value_heads;
+  const double eps = s.rms_norm_eps;
+  const auto opt = f_.embed_tokens.options().dtype(at::kLong);
+  // SPEC step 3 with one kept anchor: [anchor, MASK x (bs-1)] at anchor + k.
+  at::Tensor noise = at::full({bs_}, c_.data.mask_token_id, opt);
+  noise[0] = anchor_token;
+  at::Tensor x = f_.embed_tokens.index_select(0, noise).unsqueeze(0);  // (1, bs, H)
+  const Rope r = rope_at(at::arange(length_, length_ + bs_, opt), s, x.scalar_type());
+  // Step 7: the context is exactly the positions before the anchor, and the
+  // block sees itself both ways: every key is visible.
+  const at::Tensor mask = at::ones({1, bs_, length_ + bs_}, opt.dtype(at::kBool));
+  for (size_t l = 0; l < w_.layers.size(); ++l) {
+    const DecoderLayerWeights& lw = w_.layers[l];
+    const at::Tensor h = rms_norm(x, lw.input_layernorm, eps);  // (1, bs, H)
+    const at::Tensor q =
+        apply_rope(normed_heads(h, lw.q_proj, lw.q_norm, nh, hd, eps), r.cos, r.sin);
+    const at::Tensor k = cat_keys(
+        k_[l], apply_rope(normed_heads(h, lw.k_proj, lw.k_norm, nkv, hd, eps), r.cos, r.sin));
+    const at::Tensor v = cat_keys(v_[l], split_heads(project(h, lw.v_proj), nkv, hd));
+    const at::Tensor x1 = x + project(merge_heads(masked_attention(q, k, v, mask)), lw.o_proj);
+    x = x1 + swiglu_mlp(rms_norm(x1, lw.post_attention_layernorm, eps), lw);
+  }
+  const at::Tensor D = rms_norm(x, w_.norm, eps).narrow(1, 1, slots);  // (1, slots, H), step 8
+  const at::ScalarType acc = D.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  return at::log_softmax(project(D, f_.lm_head).to(acc), -1).squeeze(0);  // (slots, V)
+}
+
+DraftTree build_tree(const at::Tensor& log_probs, int64_t budget) {
+  const int64_t slots = log_probs.size(0), V = log_probs.size(1);
+  const int64_t k = std::min<int64_t>(std::max<int64_t>(budget, 1), V);
+  const auto [val_t, idx_t] = log_probs.to(at::kCPU, at::kDouble).topk(k, -1);  // (slots, k)
+  const auto val = val_t.accessor<double, 2>();
+  const auto idx = idx_t.accessor<int64_t, 2>();
+  DraftTree t;
+  std::map<std::pair<int64_t, int64_t>, int64_t> index;  // (parent, token) -> node
+  auto add = [&](int64_t parent, int64_t depth, int64_t token) {
+    auto [it, fresh] = index.emplace(std::make_pair(parent, token), t.size());
+    if (fresh) t.parent.push_back(parent), t.depth.push_back(depth), t.token.push_back(token);
+    return it->second;
+  };
+  for (int64_t d = 1, parent = -1; d <= slots; ++d) parent = add(parent, d, idx[d - 1][0]);
+  // Best-first over prefixes: a popped prefix offers its first child and its
+  // next sibling, so prefixes leave the heap in non-increasing probability.
+  using Item = std::tuple<double, int64_t, int64_t, int64_t,
+                          double>;  // score, -depth, -rank, parent, parent score
+  std::priority_queue<Item> heap;
+  if (slots > 0) heap.emplace(val[0][0], -1, 0, -1, 0.0);
+  for (int64_t pops = 0; pops < budget && !heap.empty(); ++pops) {
+    const auto [score, nd, nr, parent, base] = heap.top();
+    heap.pop();
+    const int64_t d = -nd, rank = -nr;
+    const int64_t node = add(parent, d, idx[d - 1][rank]);
+    if (d < slots) heap.emplace(score + val[d][0], -(d + 1), 0, node, score);
+    if (rank + 1 < k) heap.emplace(base + val[d - 1][rank + 1], -d, -(rank + 1), parent, base);
+  }
+  return t;
+}
+
+void check_decode_inputs(const Config& c, const std::vector<int64_t>& prompt,
+                         const DecodeOptions& o, const std::string& what) {
+  const int64_t V = c.target.vocab_size;
+  if (prompt.empty()) throw std::runtime_error(what + ": the prompt is empty");
+  for (size_t i = 0; i < prompt.size(); ++i)
+    if (prompt[i] < 0 || prompt[i] >= V)
+      throw std::runtime_error(
+          fmt::format("{}: token {} of the prompt is {}, outside the vocabulary [0, {})", what, i,
+                      prompt[i], V));
+  if (int64_t(prompt.size()) > o.max_context)
+    throw std::runtime_error(fmt::format(
+        "{}: the prompt has {} tokens, more than the context limit {} (max_context); prompts "
+        "are never truncated",
+        what, prompt.size(), o.max_context));
+  if (o.block_size < 2)
+    throw std::runtime_error(fmt::format("{}: block_size {} < 2", what, o.block_size));
+  if (o.tree_budget < 0 || o.max_new_tokens < 0)
+    throw std::runtime_error(what + ": tree_budget and max_new_tokens must be >= 0");
+}
+
+namespace {
+
+std::vector<int64_t> iota_rows(int64_t n) {
+  std::vector<int64_t> r(size_t(n), 0);
+  for (int64_t i = 0; i < n; ++i) r[size_t(i)] = i;
+  return r;
+}
+
+// Tokens still allowed after the prompt.
+int64_t allowed_tokens(const std::vector<int64_t>& prompt, const DecodeOptions& o) {
+  return std::min<int64_t>(o.max_new_tokens, o.max_context - int64_t(prompt.size()));
+}
+
+// The prompt through the target: its taps and the first generated token.
+TargetCache::Out prefill(TargetCache& tc, const std::vector<int64_t>& prompt, DecodeResult& res) {
+  const double t0 = now();
+  const int64_t P = int64_t(prompt.size());
+  TargetCache::Out out =
+      tc.forward(at::tensor(prompt, at::kLong), at::arange(P, at::kLong), {}, P - 1);
+  tc.commit(iota_rows(P));
+  res.target_forwards = 1;
+  res.target_s += now() - t0;
+  return out;
+}
+
+// Ancestor-only visibility of [root; tree nodes] (1 + n, 1 + n): a node sees
+// the root, its ancestors and itself.
+at::Tensor ancestor_mask(const DraftTree& t) {
+  const int64_t n = t.size();
+  at::Tensor m = at::zeros({n + 1, n + 1}, at::kBool);
+  auto a = m.accessor<bool, 2>();
+  a[0][0] = true;
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = i; j >= 0; j = t.parent[size_t(j)]) a[i + 1][j + 1] = true, a[i + 1][0] = true;
+  return m;
+}
+
+// The walk down the tree: from the root, while some child carries the
+// target's greedy choice after its parent, step into it (a stop token ends
+// the walk once accepted). Returns the accepted nodes, root excluded.
+std::vector<int64_t> accept_path(const DraftTree& t, const at::Tensor& choice, int64_t stop) {
+  const auto g = choice.accessor<int64_t, 1>();  // (1 + n)
+  std::vector<int64_t> path;
+  for (int64_t cur = -1;;) {
+    const int64_t want = g[cur + 1];
+    int64_t next = -1;
+    for (int64_t i = 0; i < t.size() && next < 0; ++i)
+      if (t.parent[size_t(i)] == cur && t.token[size_t(i)] == want) next = i;
+    if (next < 0) return path;
+    path.push_back(next);
+    if (want == stop) return path;
+    cur = next;
+  }
+}
+
+}  // namespace
+
+DecodeResult greedy_decode(const Config& c, const TargetWeights& target,
+                           const std::vector<int64_t>& prompt, const DecodeOptions& o) {
+  check_decode_inputs(c, prompt, o, "greedy decoding");
+  const double t0 = now();
+  DecodeResult res;
+  TargetCache tc(c, target, o.banned_token);
+  const int64_t allowed = allowed_tokens(prompt, o);
+  if (allowed <= 0) return res;
+  int64_t next = prefill(tc, prompt, res).choice[-1].item<int64_t>();
+  for (;;) {
+    res.tokens.push_back(next);
+    if (int64_t(res.tokens.size()) >= allowed || next == o.stop_token) break;
+    const double t1 = now();
+    const int64_t pos = tc.length();
+    next = tc.forward(at::tensor({next}, at::kLong), at::tensor({pos}, at::kLong), {})
+               .choice[0]
+               .item<int64_t>();
+    tc.commit({0});
+    ++res.target_forwards;
+    res.target_s += now() - t1;
+  }
+  res.total_s = now() - t0;
+  return res;
+}
+
+DecodeResult speculative_decode(const Config& c, const TargetWeights& target, Drafter& drafter,
+                                const std::vector<int64_t>& prompt, const DecodeOptions& o) {
+  check_decode_inputs(c, prompt, o, "speculative decoding");
+  const double t0 = now();
+  DecodeResult res;
+  TargetCache tc(c, target, o.banned_token);
+  const int64_t allowed = allowed_tokens(prompt, o);
+  if (allowed <= 0) return res;
+  TargetCache::Out out = prefill(tc, prompt, res);
+  double t1 = now();
+  drafter.extend(out.taps);
+  res.drafter_s += now() - t1;
+  int64_t next = out.choice[-1].item<int64_t>();  // the first bonus token: the anchor
+  res.tokens.push_back(next);
+  while (int64_t(res.tokens.size()) < allowed && next != o.stop_token) {
+    const int64_t p = tc.length();  // the anchor's position: context is [0, p)
+    TORCH_CHECK(drafter.context_length() == p, "speculative decoding: the drafter's context has ",
+                drafter.context_length(), " positions, the anchor is at ", p,
+                " (SPEC step 7: exactly the positions before the anchor)");
+    // The bonus token needs one place, the proposal the rest.
+    const int64_t slots =
+        std::min<int64_t>(o.block_size - 1, allowed - int64_t(res.tokens.size()) - 1);
+    t1 = now();
+    DraftTree tree;  // budget 0: the greedy chain (block decoding)
+    if (slots > 0) tree = build_tree(drafter.propose(next, slots), o.tree_budget);
+    res.drafter_s += now() - t1;
+    t1 = now();
+    std::vector<int64_t> toks = {next}, pos = {p};
+    for (int64_t i = 0; i < tree.size(); ++i)
+      toks.push_back(tree.token[size_t(i)]), pos.push_back(p + tree.depth[size_t(i)]);
+    out = tc.forward(at::tensor(toks, at::kLong), at::tensor(pos, at::kLong),
+                     o.tree_budget > 0 ? ancestor_mask(tree) : at::Tensor());  // block: causal
+    const std::vector<int64_t> path = accept_path(tree, out.choice, o.stop_token);
+    std::vector<int64_t> rows = {0};
+    for (int64_t n : path) rows.push_back(n + 1), res.tokens.push_back(tree.token[size_t(n)]);
+    tc.commit(rows);
+    ++res.target_forwards;
+    res.target_s += now() - t1;
+    res.accepted.push_back(int64_t(path.size()));
+    res.slots.push_back(slots);
+    res.nodes.push_back(tree.size());
+    if (!path.empty() && tree.token[size_t(path.back())] == o.stop_token) {
+      res.stopped = true;
+      break;
+    }
+    next = out.choice[rows.back()].item<int64_t>();  // the target's own next token
+    res.tokens.push_back(next);
+    t1 = now();
+    drafter.extend(out.taps.index_select(0, at::tensor(rows, at::kLong).to(out.taps.device())));
+    res.drafter_s += now() - t1;
+  }
+  res.total_s = now() - t0;
+  return res;
+}
+
+}  // namespace dflash::decode

@@ -1,0 +1,208 @@
+// Hugging Face directories and checkpoints, in process: directories written
+// here (sharded and unsharded, tied and untied) load back exactly; every
+// bad-input class is a clear error naming the file and the field; the
+// checkpoint format (inference config.json, no frozen tensors) and the
+// refusal of a checkpoint from a different config; the KV-cached greedy
+// continuation against whole-prefix forwards.
+#include "models/hf.h"
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/init.h"
+#include "core/safetensors.h"
+#include "fixtures/fixtures.h"
+#include "fixtures/test_support.h"
+#include "models/checkpoint.h"
+#include "models/generate.h"
+#include "reference/target.h"
+namespace dflash::models {
+namespace {
+
+namespace fs = std::filesystem;
+using testing_support::expect_error;
+using testing_support::TmpDir;
+
+Config hf_config(bool tied) {
+  Config c = fixtures::micro_config();
+  c.target.tie_word_embeddings = tied;
+  return c;
+}
+
+struct HfCase {
+  const char* name;
+  int shards;
+  bool tied;
+};
+class HfDirectory : public ::testing::TestWithParam<HfCase> {};
+
+TEST_P(HfDirectory, LoadsWhatWasWritten) {
+  TmpDir tmp;
+  Config c = hf_config(GetParam().tied);
+  const TargetWeights w = make_target(c);
+  write_hf_model(tmp / "model", c, w, GetParam().shards);
+  // The TOML names only the directory; the shape comes from config.json.
+  std::ofstream(tmp / "run.toml") << "[target]\nsource = \"hf\"\npath = \"" << (tmp / "model")
+                                  << "\"\n[drafter]\nnum_hidden_layers = 2\ntarget_layer_ids = "
+                                     "[1, 2]\n[data]\nbatch_size = 2\nseq_len = 12\nblock_size = "
+                                     "3\nmax_anchors = 3\nmask_token_id = 31\n[run]\ndtype = "
+                                     "\"float64\"\n";
+  const Config loaded = load_config(tmp / "run.toml");
+  EXPECT_EQ(loaded.target.shape.hidden_size, c.target.shape.hidden_size);
+  EXPECT_EQ(loaded.target.tie_word_embeddings, GetParam().tied);
+  const TargetWeights got = load_target(loaded);
+  TargetWeights a = w, b = got;
+  std::vector<std::pair<std::string, at::Tensor>> wa, wb;
+  visit(a, [&](const std::string& n, at::Tensor& t) { wa.emplace_back(n, t); });
+  visit(b, [&](const std::string& n, at::Tensor& t) { wb.emplace_back(n, t); });
+  ASSERT_EQ(wa.size(), wb.size());
+  for (size_t i = 0; i < wa.size(); ++i)
+    EXPECT_TRUE(at::equal(wa[i].second, wb[i].second)) << wa[i].first;
+  if (GetParam().tied) {
+    EXPECT_TRUE(got.lm_head.is_same(got.embed_tokens));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, HfDirectory,
+                         ::testing::Values(HfCase{"unsharded_untied", 1, false},
+                                           HfCase{"unsharded_tied", 1, true},
+                                           HfCase{"sharded_untied", 3, false},
+                                           HfCase{"sharded_tied", 2, true}),
+                         [](const auto& i) { return std::string(i.param.name); });
+
+// A written model with one edit, then loaded through a config.
+struct BrokenHf {
+  TmpDir tmp;
+  Config c = hf_config(false);
+  BrokenHf(int shards) {
+    write_hf_model(tmp / "m", c, make_target(c), shards);
+    c.target.source = "hf", c.target.path = tmp / "m";
+  }
+  nlohmann::json read(const std::string& f) {
+    nlohmann::json j;
+    std::ifstream(tmp / ("m/" + f)) >> j;
+    return j;
+  }
+  void write(const std::string& f, const nlohmann::json& j) {
+    std::ofstream(tmp / ("m/" + f)) << j.dump();
+  }
+};
+
+TEST(HfBadInput, UnsupportedArchitecture) {
+  BrokenHf m(1);
+  auto j = m.read("config.json");
+  j["architectures"] = {"LlamaForCausalLM"};
+  m.write("config.json", j);
+  expect_error([&] { read_hf_config(m.c.target.path); },
+               {"config.json", "architectures", "Qwen3ForCausalLM"});
+}
+
+TEST(HfBadInput, ShapeMismatchNamesTheTensor) {
+  BrokenHf m(1);
+  Config other = m.c;
+  other.target.shape.intermediate_size += 8;  // weights written for 24, config says 32
+  expect_error([&] { load_hf_target(other); },
+               {"model.safetensors", "mlp.gate_proj.weight", "expected shape"});
+}
+
+TEST(HfBadInput, MissingShard) {
+  BrokenHf m(2);
+  fs::remove(m.tmp / "m/model-00002-of-00002.safetensors");
+  expect_error([&] { load_hf_target(m.c); }, {"model.safetensors.index.json", "missing shard"});
+}
+
+TEST(HfBadInput, MissingIndexEntry) {
+  BrokenHf m(2);
+  auto j = m.read("model.safetensors.index.json");
+  j["weight_map"].erase("model.norm.weight");
+  m.write("model.safetensors.index.json", j);
+  expect_error([&] { load_hf_target(m.c); }, {"weight_map", "no entry for model.norm.weight"});
+}
+
+TEST(HfBadInput, TomlDisagreeingWithConfigJson) {
+  BrokenHf m(1);
+  std::ofstream(m.tmp / "run.toml") << "[target]\nsource = \"hf\"\npath = \"" << m.c.target.path
+                                    << "\"\nhidden_size = 32\n[drafter]\nnum_hidden_layers = 1\n"
+                                       "[data]\nbatch_size = 1\nseq_len = 8\nblock_size = 2\n"
+                                       "max_anchors = 2\nmask_token_id = 3\n";
+  expect_error([&] { load_config(m.tmp / "run.toml"); },
+               {"target.hidden_size", "config.json", "32"});
+}
+
+TEST(Checkpoint, InferenceConfigAndNoFrozenTensors) {
+  TmpDir tmp;
+  Config c = fixtures::micro_config();
+  const DrafterWeights w = make_drafter(c);
+  AdamW opt(named(w), optim_config(c.train));
+  const std::string dir = save_checkpoint(tmp / "run", c, w, opt, {3, 3 * c.train.micro_batches});
+  nlohmann::json j;
+  std::ifstream(dir + "/config.json") >> j;
+  EXPECT_EQ(j["architectures"][0], "DFlashDraftModel");
+  EXPECT_EQ(j["block_size"], c.data.block_size);
+  EXPECT_EQ(j["dflash_config"]["mask_token_id"], c.data.mask_token_id);
+  EXPECT_EQ(j["dflash_config"]["target_layer_ids"], c.drafter.target_layer_ids);
+  EXPECT_EQ(j["num_hidden_layers"], c.drafter.num_hidden_layers);
+  const auto f = safetensors::read(dir + "/model.safetensors");
+  EXPECT_TRUE(f.has("fc.weight"));
+  EXPECT_TRUE(f.has("layers.0.self_attn.q_proj.weight"));
+  EXPECT_FALSE(f.has("embed_tokens.weight"));
+  EXPECT_FALSE(f.has("lm_head.weight"));
+  EXPECT_EQ(*latest_checkpoint(tmp / "run"), dir);
+}
+
+TEST(Checkpoint, FromADifferentConfigIsRefusedNamingTheKey) {
+  TmpDir tmp;
+  Config c = fixtures::micro_config();
+  const DrafterWeights w = make_drafter(c);
+  AdamW opt(named(w), optim_config(c.train));
+  const std::string dir = save_checkpoint(tmp / "run", c, w, opt, {1, c.train.micro_batches});
+  Config other = c;
+  other.loss.gamma += 1;
+  expect_error([&] { check_same_run(read_checkpoint(dir), other); },
+               {"loss.gamma", "different config"});
+  Config cadence = c;
+  cadence.train.log_every = 1, cadence.train.checkpoint_every = 7;  // may change on resume
+  EXPECT_NO_THROW(check_same_run(read_checkpoint(dir), cadence));
+  // The schedule may change (more steps, another rate): listed, not refused.
+  Config longer = c;
+  longer.train.steps *= 2, longer.train.lr /= 2;
+  const std::vector<std::string> changed = check_same_run(read_checkpoint(dir), longer);
+  ASSERT_EQ(changed.size(), 2u);
+  EXPECT_EQ(changed[0].rfind("train.lr: ", 0), 0u) << changed[0];
+  EXPECT_EQ(changed[1], fmt::format("train.steps: {} -> {}", c.train.steps, 2 * c.train.steps));
+  EXPECT_TRUE(check_same_run(read_checkpoint(dir), cadence).empty());
+  Config shorter = c;
+  shorter.train.steps = 0;  // below the checkpoint's step 1
+  expect_error([&] { check_same_run(read_checkpoint(dir), shorter); },
+               {"train.steps 0", "below the checkpoint's step 1"});
+  Config decay = c;
+  decay.train.weight_decay += 0.1;  // an optimizer key, not the schedule: refused
+  expect_error([&] { check_same_run(read_checkpoint(dir), decay); }, {"train.weight_decay"});
+}
+
+// The KV-cached greedy decoder chooses what a whole-prefix target forward
+// chooses at every position (float64: no near-ties).
+TEST(Generate, CachedGreedyEqualsFullPrefixForwards) {
+  Config c = fixtures::micro_config();
+  const TargetWeights t = make_target(c);
+  const int64_t B = 3, S = c.data.seq_len, P = 3;
+  at::Tensor ids = at::randint(0, c.target.vocab_size - 1, {B, S}, at::kLong);
+  at::Tensor naive = ids.clone();
+  for (int64_t s = P; s < S; ++s) {
+    const at::Tensor h =
+        reference::target_forward(c, t, naive.narrow(1, 0, s).contiguous()).final_hidden;
+    at::Tensor logits = reference::target_logits(t, h.select(1, s - 1));
+    logits.select(1, c.data.mask_token_id).fill_(-INFINITY);
+    naive.select(1, s).copy_(logits.argmax(1));
+  }
+  greedy_continue(c, t, ids, P, c.data.mask_token_id);
+  EXPECT_TRUE(at::equal(ids, naive)) << ids << naive;
+  EXPECT_FALSE((ids.narrow(1, P, S - P) == c.data.mask_token_id).any().item<bool>());
+}
+
+}  // namespace
+}  // namespace dflash::models
