@@ -18,82 +18,17 @@ namespace dflash::decode {
 namespace {
 
 using namespace dflash::reference;
+using models::cat_keys;
+using models::iota_rows;
+using models::Rope;
+using models::rope_at;
+using models::TargetCache;
 
 double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-struct Rope {
-  at::Tensor cos, sin;  // (1, 1, T, hd)
-};
-Rope rope_at(const at::Tensor& positions, const LayerShape& s, at::ScalarType dtype) {  // (T)
-  auto [cos, sin] = rope_cos_sin(positions.unsqueeze(0), s.head_dim, s.rope_theta, dtype);
-  return {cos.unsqueeze(1), sin.unsqueeze(1)};
-}
-
-at::Tensor cat_keys(const at::Tensor& cache, const at::Tensor& fresh) {  // along positions
-  return cache.defined() ? at::cat({cache, fresh}, 2) : fresh;
-}
-
-// Committed keys (all visible) beside the new rows' own visibility: (1, T, n + T).
-at::Tensor visibility(int64_t committed, const at::Tensor& among_new) {
-  const int64_t T = among_new.size(0);
-  const at::Tensor old = at::ones({T, committed}, among_new.options());
-  return at::cat({old, among_new}, 1).unsqueeze(0);
-}
-
 }  // namespace
-
-TargetCache::TargetCache(const Config& c, const TargetWeights& w, int64_t banned)
-    : c_(c), w_(w), banned_(banned), k_(w.layers.size()), v_(w.layers.size()) {}
-
-TargetCache::Out TargetCache::forward(const at::Tensor& tokens, const at::Tensor& positions,
-                                      const at::Tensor& visible, int64_t choices_from) {
-  at::NoGradGuard ng;
-  const LayerShape& s = c_.target.shape;
-  const int64_t T = tokens.size(0), hd = s.head_dim;
-  const double eps = s.rms_norm_eps;
-  const auto dev = w_.embed_tokens.device();
-  at::Tensor x = w_.embed_tokens.index_select(0, tokens.to(dev)).unsqueeze(0);  // (1, T, H)
-  const Rope r = rope_at(positions.to(dev), s, x.scalar_type());
-  const at::Tensor among =
-      visible.defined() ? visible.to(dev) : at::ones({T, T}, x.options().dtype(at::kBool)).tril();
-  const at::Tensor mask = visibility(length_, among);  // (1, T, length + T)
-  std::vector<at::Tensor> taps(c_.drafter.target_layer_ids.size());
-  for (size_t l = 0; l < w_.layers.size(); ++l) {
-    const DecoderLayerWeights& lw = w_.layers[l];
-    if (k_[l].defined() && k_[l].size(2) > length_)  // an uncommitted forward's keys
-      k_[l] = k_[l].narrow(2, 0, length_), v_[l] = v_[l].narrow(2, 0, length_);
-    const at::Tensor h = rms_norm(x, lw.input_layernorm, eps);  // (1, T, H)
-    const at::Tensor q =
-        apply_rope(normed_heads(h, lw.q_proj, lw.q_norm, s.num_attention_heads, hd, eps), r.cos,
-                   r.sin);  // (1, nh, T, hd)
-    const at::Tensor k = apply_rope(
-        normed_heads(h, lw.k_proj, lw.k_norm, s.num_key_value_heads, hd, eps), r.cos, r.sin);
-    k_[l] = cat_keys(k_[l], k);  // (1, nkv, length + T, hd)
-    v_[l] = cat_keys(v_[l], split_heads(project(h, lw.v_proj), s.num_key_value_heads, hd));
-    const at::Tensor x1 =
-        x + project(merge_heads(masked_attention(q, k_[l], v_[l], mask)), lw.o_proj);
-    x = x1 + swiglu_mlp(rms_norm(x1, lw.post_attention_layernorm, eps), lw);
-    for (size_t t = 0; t < taps.size(); ++t)
-      if (c_.drafter.target_layer_ids[t] == int64_t(l)) taps[t] = x.squeeze(0);
-  }
-  const at::ScalarType acc = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  const at::Tensor last = x.squeeze(0).narrow(0, choices_from, T - choices_from);
-  at::Tensor logits = project(rms_norm(last, w_.norm, eps), w_.lm_head).to(acc);
-  if (banned_ >= 0) logits.select(1, banned_).fill_(-INFINITY);  // (T - choices_from, V)
-  return {logits.argmax(1).cpu(), taps.empty() ? at::Tensor() : at::cat(taps, -1)};
-}
-
-void TargetCache::commit(const std::vector<int64_t>& rows) {
-  if (rows.empty()) return;
-  for (size_t l = 0; l < k_.size(); ++l) {
-    const at::Tensor idx = at::tensor(rows, at::kLong).to(k_[l].device()) + length_;
-    const at::Tensor keep = at::cat({at::arange(length_, idx.options()), idx});
-    k_[l] = k_[l].index_select(2, keep), v_[l] = v_[l].index_select(2, keep);
-  }
-  length_ += int64_t(rows.size());
-}
 
 DFlashDrafter::DFlashDrafter(const Config& c, const DrafterWeights& w, const FrozenWeights& frozen,
                              int64_t block_size)
@@ -203,23 +138,28 @@ void check_decode_inputs(const Config& c, const std::vector<int64_t>& prompt,
 
 namespace {
 
-std::vector<int64_t> iota_rows(int64_t n) {
-  std::vector<int64_t> r(size_t(n), 0);
-  for (int64_t i = 0; i < n; ++i) r[size_t(i)] = i;
-  return r;
-}
-
 // Tokens still allowed after the prompt.
 int64_t allowed_tokens(const std::vector<int64_t>& prompt, const DecodeOptions& o) {
   return std::min<int64_t>(o.max_new_tokens, o.max_context - int64_t(prompt.size()));
 }
 
+// One sequence through the target's cache (batch of one): the greedy
+// choices on the host (C) and the taps (T, L*H).
+struct Verified {
+  at::Tensor choice, taps;
+};
+Verified verify(TargetCache& tc, const std::vector<int64_t>& toks, const std::vector<int64_t>& pos,
+                const at::Tensor& visible, int64_t choices_from = 0) {
+  const TargetCache::Out out = tc.forward(at::tensor(toks, at::kLong).unsqueeze(0),
+                                          at::tensor(pos, at::kLong), visible, choices_from);
+  return {out.choice[0].cpu(), out.taps.defined() ? out.taps[0] : at::Tensor()};
+}
+
 // The prompt through the target: its taps and the first generated token.
-TargetCache::Out prefill(TargetCache& tc, const std::vector<int64_t>& prompt, DecodeResult& res) {
+Verified prefill(TargetCache& tc, const std::vector<int64_t>& prompt, DecodeResult& res) {
   const double t0 = now();
   const int64_t P = int64_t(prompt.size());
-  TargetCache::Out out =
-      tc.forward(at::tensor(prompt, at::kLong), at::arange(P, at::kLong), {}, P - 1);
+  Verified out = verify(tc, prompt, iota_rows(P), {}, P - 1);
   tc.commit(iota_rows(P));
   res.target_forwards = 1;
   res.target_s += now() - t0;
@@ -272,9 +212,7 @@ DecodeResult greedy_decode(const Config& c, const TargetWeights& target,
     if (int64_t(res.tokens.size()) >= allowed || next == o.stop_token) break;
     const double t1 = now();
     const int64_t pos = tc.length();
-    next = tc.forward(at::tensor({next}, at::kLong), at::tensor({pos}, at::kLong), {})
-               .choice[0]
-               .item<int64_t>();
+    next = verify(tc, {next}, {pos}, {}).choice[0].item<int64_t>();
     tc.commit({0});
     ++res.target_forwards;
     res.target_s += now() - t1;
@@ -291,7 +229,7 @@ DecodeResult speculative_decode(const Config& c, const TargetWeights& target, Dr
   TargetCache tc(c, target, o.banned_token);
   const int64_t allowed = allowed_tokens(prompt, o);
   if (allowed <= 0) return res;
-  TargetCache::Out out = prefill(tc, prompt, res);
+  Verified out = prefill(tc, prompt, res);
   double t1 = now();
   drafter.extend(out.taps);
   res.drafter_s += now() - t1;
@@ -313,8 +251,8 @@ DecodeResult speculative_decode(const Config& c, const TargetWeights& target, Dr
     std::vector<int64_t> toks = {next}, pos = {p};
     for (int64_t i = 0; i < tree.size(); ++i)
       toks.push_back(tree.token[size_t(i)]), pos.push_back(p + tree.depth[size_t(i)]);
-    out = tc.forward(at::tensor(toks, at::kLong), at::tensor(pos, at::kLong),
-                     o.tree_budget > 0 ? ancestor_mask(tree) : at::Tensor());  // block: causal
+    out = verify(tc, toks, pos,
+                 o.tree_budget > 0 ? ancestor_mask(tree) : at::Tensor());  // block: causal
     const std::vector<int64_t> path = accept_path(tree, out.choice, o.stop_token);
     std::vector<int64_t> rows = {0};
     for (int64_t n : path) rows.push_back(n + 1), res.tokens.push_back(tree.token[size_t(n)]);

@@ -21,37 +21,9 @@
 
 #include "core/config.h"
 #include "core/weights.h"
+#include "models/generate.h"
 
 namespace dflash::decode {
-
-// The target with a key/value cache over committed positions [0, length()).
-class TargetCache {
- public:
-  // `banned` (-1: none) is never a greedy choice (the mask id).
-  TargetCache(const Config& c, const TargetWeights& w, int64_t banned);
-  struct Out {
-    at::Tensor choice;  // (T - choices_from) int64: greedy next token after new positions
-    at::Tensor taps;    // (T, L*H): the tapped layers' outputs at the new positions
-  };
-  // Runs `tokens` (T) at `positions` (T) after the committed ones. A new
-  // position sees every committed one plus the new ones `visible` (T, T)
-  // bool marks (undefined: causal). Their keys stay pending until commit.
-  // Only rows [choices_from, T) go through the LM head (a prefill needs the
-  // last one: no (T, V) logits for a long prompt).
-  Out forward(const at::Tensor& tokens, const at::Tensor& positions, const at::Tensor& visible,
-              int64_t choices_from = 0);
-  // Keeps the pending positions `rows` (indices into the last forward's T,
-  // in order) after the committed ones and drops the rest.
-  void commit(const std::vector<int64_t>& rows);
-  int64_t length() const { return length_; }
-
- private:
-  const Config& c_;
-  const TargetWeights& w_;
-  int64_t banned_;
-  std::vector<at::Tensor> k_, v_;  // per layer (1, nkv, length + pending, hd)
-  int64_t length_ = 0;
-};
 
 // A drafter as served: context rows arrive as the target commits them.
 class Drafter {
@@ -115,7 +87,8 @@ struct DecodeResult {
   double target_s = 0, drafter_s = 0, total_s = 0;
 };
 
-// The target's plain greedy decoding through TargetCache, one position per forward.
+// The target's plain greedy decoding through models::TargetCache, one
+// position per forward.
 DecodeResult greedy_decode(const Config& c, const TargetWeights& target,
                            const std::vector<int64_t>& prompt, const DecodeOptions& o);
 

@@ -1,4 +1,5 @@
-// KV-cached greedy decoding over the reference building blocks.
+// The target's key/value-cached forward over the reference building blocks;
+// see generate.h.
 #include "models/generate.h"
 
 #include "reference/layers.h"
@@ -8,64 +9,98 @@ namespace {
 
 using namespace dflash::reference;
 
-struct LayerCache {
-  at::Tensor k, v;  // (B, nkv, T, hd), grown by one position per new token
-};
-
-// One decoder layer over new positions `x` (B, T, H) at absolute positions
-// [t0, t0 + T), attending to the cache plus themselves (causal).
-at::Tensor cached_layer(const at::Tensor& x, const DecoderLayerWeights& w, const LayerShape& s,
-                        LayerCache& cache, int64_t t0) {
-  const int64_t B = x.size(0), T = x.size(1), hd = s.head_dim;
-  const double eps = s.rms_norm_eps;
-  const at::Tensor pos = at::arange(t0, t0 + T, x.options().dtype(at::kLong)).expand({B, T});
-  auto [cos, sin] = rope_cos_sin(pos, hd, s.rope_theta, x.scalar_type());
-  cos = cos.unsqueeze(1), sin = sin.unsqueeze(1);  // (B, 1, T, hd)
-  const at::Tensor h = rms_norm(x, w.input_layernorm, eps);
-  const at::Tensor q =
-      apply_rope(normed_heads(h, w.q_proj, w.q_norm, s.num_attention_heads, hd, eps), cos, sin);
-  const at::Tensor k =
-      apply_rope(normed_heads(h, w.k_proj, w.k_norm, s.num_key_value_heads, hd, eps), cos, sin);
-  const at::Tensor v = split_heads(project(h, w.v_proj), s.num_key_value_heads, hd);
-  cache.k = cache.k.defined() ? at::cat({cache.k, k}, 2) : k;  // (B, nkv, t0 + T, hd)
-  cache.v = cache.v.defined() ? at::cat({cache.v, v}, 2) : v;
-  // Query i (absolute t0 + i) sees keys j <= t0 + i.
-  const at::Tensor visible =
-      at::ones({T, t0 + T}, x.options().dtype(at::kBool)).tril(t0).expand({B, T, t0 + T});
-  const at::Tensor attn = masked_attention(q, cache.k, cache.v, visible);  // (B, nh, T, hd)
-  const at::Tensor x1 = x + project(merge_heads(attn), w.o_proj);
-  return x1 + swiglu_mlp(rms_norm(x1, w.post_attention_layernorm, eps), w);
-}
-
-// Runs positions [t0, t0 + T) of `tokens` (B, T) through every layer and
-// returns the last position's next-token choice (B).
-at::Tensor step(const Config& c, const TargetWeights& w, std::vector<LayerCache>& caches,
-                const at::Tensor& tokens, int64_t t0, int64_t banned) {
-  const int64_t B = tokens.size(0), T = tokens.size(1);
-  at::Tensor x = w.embed_tokens.index_select(0, tokens.reshape(-1)).view({B, T, -1});
-  for (size_t l = 0; l < w.layers.size(); ++l)
-    x = cached_layer(x, w.layers[l], c.target.shape, caches[l], t0);
-  const at::Tensor last = rms_norm(x.select(1, T - 1), w.norm, c.target.shape.rms_norm_eps);
-  at::Tensor logits = project(last, w.lm_head).to(at::kFloat);  // (B, V)
-  logits.select(1, banned).fill_(-INFINITY);
-  return logits.argmax(1);
+// Committed keys (all visible) beside the new rows' own visibility: (1, T, n + T).
+at::Tensor visibility(int64_t committed, const at::Tensor& among_new) {
+  const int64_t T = among_new.size(0);
+  const at::Tensor old = at::ones({T, committed}, among_new.options());
+  return at::cat({old, among_new}, 1).unsqueeze(0);
 }
 
 }  // namespace
 
+Rope rope_at(const at::Tensor& positions, const LayerShape& s, at::ScalarType dtype) {  // (T)
+  auto [cos, sin] = rope_cos_sin(positions.unsqueeze(0), s.head_dim, s.rope_theta, dtype);
+  return {cos.unsqueeze(1), sin.unsqueeze(1)};
+}
+
+at::Tensor cat_keys(const at::Tensor& cache, const at::Tensor& fresh) {  // along positions
+  return cache.defined() ? at::cat({cache, fresh}, 2) : fresh;
+}
+
+std::vector<int64_t> iota_rows(int64_t n) {
+  std::vector<int64_t> r(size_t(n), 0);
+  for (int64_t i = 0; i < n; ++i) r[size_t(i)] = i;
+  return r;
+}
+
+TargetCache::TargetCache(const Config& c, const TargetWeights& w, int64_t banned)
+    : c_(c), w_(w), banned_(banned), k_(w.layers.size()), v_(w.layers.size()) {}
+
+TargetCache::Out TargetCache::forward(const at::Tensor& tokens, const at::Tensor& positions,
+                                      const at::Tensor& visible, int64_t choices_from) {
+  at::NoGradGuard ng;
+  const LayerShape& s = c_.target.shape;
+  const int64_t B = tokens.size(0), T = tokens.size(1), hd = s.head_dim;
+  const double eps = s.rms_norm_eps;
+  const auto dev = w_.embed_tokens.device();
+  at::Tensor x =
+      w_.embed_tokens.index_select(0, tokens.to(dev).reshape(-1)).view({B, T, -1});  // (B, T, H)
+  const Rope r = rope_at(positions.to(dev), s, x.scalar_type());
+  const at::Tensor among =
+      visible.defined() ? visible.to(dev) : at::ones({T, T}, x.options().dtype(at::kBool)).tril();
+  const at::Tensor mask = visibility(length_, among);  // (1, T, length + T)
+  std::vector<at::Tensor> taps(c_.drafter.target_layer_ids.size());
+  for (size_t l = 0; l < w_.layers.size(); ++l) {
+    const DecoderLayerWeights& lw = w_.layers[l];
+    if (k_[l].defined() && k_[l].size(2) > length_)  // an uncommitted forward's keys
+      k_[l] = k_[l].narrow(2, 0, length_), v_[l] = v_[l].narrow(2, 0, length_);
+    const at::Tensor h = rms_norm(x, lw.input_layernorm, eps);  // (B, T, H)
+    const at::Tensor q =
+        apply_rope(normed_heads(h, lw.q_proj, lw.q_norm, s.num_attention_heads, hd, eps), r.cos,
+                   r.sin);  // (B, nh, T, hd)
+    const at::Tensor k = apply_rope(
+        normed_heads(h, lw.k_proj, lw.k_norm, s.num_key_value_heads, hd, eps), r.cos, r.sin);
+    k_[l] = cat_keys(k_[l], k);  // (B, nkv, length + T, hd)
+    v_[l] = cat_keys(v_[l], split_heads(project(h, lw.v_proj), s.num_key_value_heads, hd));
+    const at::Tensor x1 =
+        x + project(merge_heads(masked_attention(q, k_[l], v_[l], mask)), lw.o_proj);
+    x = x1 + swiglu_mlp(rms_norm(x1, lw.post_attention_layernorm, eps), lw);
+    for (size_t t = 0; t < taps.size(); ++t)
+      if (c_.drafter.target_layer_ids[t] == int64_t(l)) taps[t] = x;
+  }
+  const at::ScalarType acc = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const at::Tensor last = x.narrow(1, choices_from, T - choices_from);
+  at::Tensor logits = project(rms_norm(last, w_.norm, eps), w_.lm_head).to(acc);
+  if (banned_ >= 0) logits.select(2, banned_).fill_(-INFINITY);  // (B, T - choices_from, V)
+  return {logits.argmax(2), taps.empty() ? at::Tensor() : at::cat(taps, -1)};
+}
+
+void TargetCache::commit(const std::vector<int64_t>& rows) {
+  if (rows.empty()) return;
+  for (size_t l = 0; l < k_.size(); ++l) {
+    const at::Tensor idx = at::tensor(rows, at::kLong).to(k_[l].device()) + length_;
+    const at::Tensor keep = at::cat({at::arange(length_, idx.options()), idx});
+    k_[l] = k_[l].index_select(2, keep), v_[l] = v_[l].index_select(2, keep);
+  }
+  length_ += int64_t(rows.size());
+}
+
 void greedy_continue(const Config& c, const TargetWeights& target, at::Tensor& ids_out,
                      int64_t prompt_len, int64_t banned_token) {
-  at::NoGradGuard ng;
   // Decoded on the target's device; the tokens come back to ids_out's.
   at::Tensor ids = ids_out.to(target.embed_tokens.device());
   const int64_t S = ids.size(1);
-  std::vector<LayerCache> caches(target.layers.size());
-  at::Tensor next =
-      step(c, target, caches, ids.narrow(1, 0, prompt_len).contiguous(), 0, banned_token);
+  const at::TensorOptions idx = ids.options().dtype(at::kLong);
+  TargetCache tc(c, target, banned_token);
+  at::Tensor next = tc.forward(ids.narrow(1, 0, prompt_len), at::arange(prompt_len, idx), {},
+                               prompt_len - 1)
+                        .choice;  // (B, 1)
+  tc.commit(iota_rows(prompt_len));
   for (int64_t t = prompt_len; t < S; ++t) {
-    ids.select(1, t).copy_(next);
-    if (t + 1 < S)
-      next = step(c, target, caches, ids.narrow(1, t, 1).contiguous(), t, banned_token);
+    ids.narrow(1, t, 1).copy_(next);
+    if (t + 1 == S) break;
+    next = tc.forward(ids.narrow(1, t, 1), at::arange(t, t + 1, idx), {}).choice;
+    tc.commit({0});
   }
   if (!ids.is_same(ids_out)) ids_out.copy_(ids);
 }
