@@ -138,10 +138,21 @@ void check_decode_inputs(const Config& c, const std::vector<int64_t>& prompt,
 
 namespace {
 
-// Tokens still allowed after the prompt.
-int64_t allowed_tokens(const std::vector<int64_t>& prompt, const DecodeOptions& o) {
-  return std::min<int64_t>(o.max_new_tokens, o.max_context - int64_t(prompt.size()));
-}
+// What every decoding starts with: the inputs checked (`what` names the
+// decoding in messages), the clock, the result, the target's cache and the
+// tokens still allowed after the prompt.
+struct Decoding {
+  Decoding(const Config& c, const TargetWeights& target, const std::vector<int64_t>& prompt,
+           const DecodeOptions& o, const std::string& what)
+      : tc(c, target, o.banned_token) {
+    check_decode_inputs(c, prompt, o, what);
+    allowed = std::min<int64_t>(o.max_new_tokens, o.max_context - int64_t(prompt.size()));
+  }
+  double t0 = now();
+  DecodeResult res;
+  TargetCache tc;
+  int64_t allowed = 0;
+};
 
 // One sequence through the target's cache (batch of one): the greedy
 // choices on the host (C) and the taps (T, L*H).
@@ -200,12 +211,11 @@ std::vector<int64_t> accept_path(const DraftTree& t, const at::Tensor& choice, i
 
 DecodeResult greedy_decode(const Config& c, const TargetWeights& target,
                            const std::vector<int64_t>& prompt, const DecodeOptions& o) {
-  check_decode_inputs(c, prompt, o, "greedy decoding");
-  const double t0 = now();
-  DecodeResult res;
-  TargetCache tc(c, target, o.banned_token);
-  const int64_t allowed = allowed_tokens(prompt, o);
-  if (allowed <= 0) return res;
+  Decoding d(c, target, prompt, o, "greedy decoding");
+  DecodeResult& res = d.res;
+  if (d.allowed <= 0) return res;
+  const int64_t allowed = d.allowed;
+  TargetCache& tc = d.tc;
   int64_t next = prefill(tc, prompt, res).choice[-1].item<int64_t>();
   for (;;) {
     res.tokens.push_back(next);
@@ -217,18 +227,17 @@ DecodeResult greedy_decode(const Config& c, const TargetWeights& target,
     ++res.target_forwards;
     res.target_s += now() - t1;
   }
-  res.total_s = now() - t0;
+  res.total_s = now() - d.t0;
   return res;
 }
 
 DecodeResult speculative_decode(const Config& c, const TargetWeights& target, Drafter& drafter,
                                 const std::vector<int64_t>& prompt, const DecodeOptions& o) {
-  check_decode_inputs(c, prompt, o, "speculative decoding");
-  const double t0 = now();
-  DecodeResult res;
-  TargetCache tc(c, target, o.banned_token);
-  const int64_t allowed = allowed_tokens(prompt, o);
-  if (allowed <= 0) return res;
+  Decoding d(c, target, prompt, o, "speculative decoding");
+  DecodeResult& res = d.res;
+  if (d.allowed <= 0) return res;
+  const int64_t allowed = d.allowed;
+  TargetCache& tc = d.tc;
   Verified out = prefill(tc, prompt, res);
   double t1 = now();
   drafter.extend(out.taps);
@@ -272,7 +281,7 @@ DecodeResult speculative_decode(const Config& c, const TargetWeights& target, Dr
     drafter.extend(out.taps.index_select(0, at::tensor(rows, at::kLong).to(out.taps.device())));
     res.drafter_s += now() - t1;
   }
-  res.total_s = now() - t0;
+  res.total_s = now() - d.t0;
   return res;
 }
 

@@ -56,7 +56,11 @@ inline Config small_config() {
   Config c;
   c.path = "<small>";
   c.target.vocab_size = 24, c.target.num_hidden_layers = 2;
-  c.target.shape = {16, 4, 2, 4, 24, 1e4, 1e-6};
+  LayerShape layer;  // rms_norm_eps: the default (1e-6)
+  layer.hidden_size = 16, layer.intermediate_size = 24, layer.head_dim = 4;
+  layer.num_attention_heads = 4, layer.num_key_value_heads = 2;
+  layer.rope_theta = 1e4;
+  c.target.shape = layer;
   c.target.init_std = 0.2, c.target.norm_init_jitter = 0.1;
   c.drafter.num_hidden_layers = 1, c.drafter.shape = c.target.shape;
   c.drafter.target_layer_ids = {0, 1};

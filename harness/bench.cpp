@@ -158,7 +158,11 @@ class StepCase : public BenchCase {
     cfg_.run.dtype = DType::kFloat32;
     cfg_.target.vocab_size = quick ? 8192 : 32768;
     cfg_.target.num_hidden_layers = 2;
-    cfg_.target.shape = {quick ? 256 : 512, 8, 2, quick ? 32 : 64, quick ? 768 : 1536, 1e6, 1e-6};
+    LayerShape layer;  // rope_theta, rms_norm_eps: the defaults (1e6, 1e-6)
+    layer.hidden_size = quick ? 256 : 512, layer.intermediate_size = quick ? 768 : 1536,
+    layer.head_dim = quick ? 32 : 64;
+    layer.num_attention_heads = 8, layer.num_key_value_heads = 2;
+    cfg_.target.shape = layer;
     cfg_.drafter.num_hidden_layers = 2;
     cfg_.drafter.shape = cfg_.target.shape;
     cfg_.drafter.target_layer_ids = {0, 1};

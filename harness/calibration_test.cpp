@@ -36,7 +36,10 @@ Config config_of(const Sweep& w) {
   c.run.dtype = DType::kFloat32;
   c.target.vocab_size = w.V;
   c.target.num_hidden_layers = 2;
-  c.target.shape = {w.H, w.nh, w.nkv, w.hd, w.I, 1e6, 1e-6};
+  LayerShape layer;  // rope_theta, rms_norm_eps: the defaults (1e6, 1e-6)
+  layer.hidden_size = w.H, layer.intermediate_size = w.I, layer.head_dim = w.hd;
+  layer.num_attention_heads = w.nh, layer.num_key_value_heads = w.nkv;
+  c.target.shape = layer;
   c.drafter.shape = c.target.shape;
   c.drafter.num_hidden_layers = w.Nd;
   c.drafter.target_layer_ids = {0, 1};

@@ -19,7 +19,10 @@ Config big_config() {
   c.path = "big.toml";
   c.target.vocab_size = 262144;
   c.target.num_hidden_layers = 64;
-  c.target.shape = {8192, 64, 8, 128, 28672, 1e6, 1e-6};
+  LayerShape layer;  // rope_theta, rms_norm_eps: the defaults (1e6, 1e-6)
+  layer.hidden_size = 8192, layer.intermediate_size = 28672, layer.head_dim = 128;
+  layer.num_attention_heads = 64, layer.num_key_value_heads = 8;
+  c.target.shape = layer;
   c.drafter.shape = c.target.shape;
   c.data.mask_token_id = c.target.vocab_size - 1;
   validate_config(c);

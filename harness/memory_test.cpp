@@ -205,7 +205,10 @@ INSTANTIATE_TEST_SUITE_P(Kernels, MemoryCeiling,
 TEST(MemoryCeilingStep, CheckpointedLayersKeepOnlyTheirInputs) {
   Config c = fixtures::micro_config();
   c.run.dtype = DType::kFloat32;
-  c.target.shape = {64, 4, 2, 16, 256, 1e6, 1e-6};
+  LayerShape layer;  // rope_theta, rms_norm_eps: the defaults (1e6, 1e-6)
+  layer.hidden_size = 64, layer.intermediate_size = 256, layer.head_dim = 16;
+  layer.num_attention_heads = 4, layer.num_key_value_heads = 2;
+  c.target.shape = layer;
   c.drafter.shape = c.target.shape;
   c.drafter.num_hidden_layers = 3;
   c.data = DataConfig::batch("fixture", 2, 64, 4, 8, 31);

@@ -54,7 +54,8 @@ Inputs make_inputs(const Objective& o, uint64_t seed, double logit_scale = 0.7) 
   const int64_t B = 2, S = 20, bs = 4, N = 4, H = 12, V = 37;
   Inputs in;
   in.c = fixtures::micro_config();
-  in.c.loss = LossConfig{0.0, 0.0, 1.3, 0.0, 5};
+  in.c.loss = LossConfig{};
+  in.c.loss.ce_weight = 0.0, in.c.loss.temperature = 1.3, in.c.loss.chunk_size = 5;
   o.set(in.c.loss);
   in.c.data.block_size = bs;
   const at::Tensor mask = at::rand({B, S}) > 0.15;
@@ -162,9 +163,8 @@ INSTANTIATE_TEST_SUITE_P(Rows, Objectives,
 // build.
 TEST(JsdEndpoints, AreTheTwoKls) {
   for (const auto& [beta, kl_side] : {std::pair<double, bool>{0.0, true}, {1.0, false}}) {
-    const Objective jsd{"jsd", [beta = beta](LossConfig& l) {
-                          l.jsd_weight = 0.7, l.jsd_beta = beta;
-                        }};
+    const Objective jsd{"jsd",
+                        [beta = beta](LossConfig& l) { l.jsd_weight = 0.7, l.jsd_beta = beta; }};
     const Objective kl{"kl", [kl_side = kl_side](LossConfig& l) {
                          (kl_side ? l.kl_weight : l.reverse_kl_weight) = 0.7;
                        }};
@@ -185,17 +185,14 @@ TEST(JsdEndpoints, AreTheTwoKls) {
 // to KL(p_t || p_s) as beta -> 0 and JSD_beta / (1 - beta) to KL(p_s || p_t)
 // as beta -> 1 (the special cases are the limits of the rescaled formula).
 TEST(JsdEndpoints, MixtureFormulaApproachesThemAsymptotically) {
-  const Objective both{"both", [](LossConfig& l) {
-                         l.kl_weight = 1.0, l.reverse_kl_weight = 1.0;
-                       }};
+  const Objective both{"both", [](LossConfig& l) { l.kl_weight = 1.0, l.reverse_kl_weight = 1.0; }};
   const LossRun kls = run(loss_and_metrics, make_inputs(both, 32), at::kDouble);
   // The first-order remainder is O(beta) times a chi-square-like sum (here
   // about 40x the KL): 1e-3 and 1e-4 are both in the asymptotic regime.
   for (const double eps : {1e-3, 1e-4}) {
     for (const bool near0 : {true, false}) {
-      const Objective j{"jsd", [&](LossConfig& l) {
-                          l.jsd_weight = 1.0, l.jsd_beta = near0 ? eps : 1 - eps;
-                        }};
+      const Objective j{
+          "jsd", [&](LossConfig& l) { l.jsd_weight = 1.0, l.jsd_beta = near0 ? eps : 1 - eps; }};
       for (Kernels k : {Kernels::kHost, Kernels::kAten}) {
         const LossRun x = run(loss_and_metrics, make_inputs(j, 32), at::kDouble, k);
         const double scaled = x.out.jsd.item<double>() / eps;
@@ -228,24 +225,22 @@ TEST(Dpace, MatchesModelOptimizersVector) {
   const at::Tensor ce2 = -at::tensor({0.9, 0.8, 0.5}, at::kDouble).log().view({1, 3});
   const at::Tensor all = at::tensor({0, 1, 1}).to(at::kBool).view({1, 3});
   const at::Tensor w2 = reference::dpace_weights(ce2, all, 3, 0.5);
-  EXPECT_TRUE(at::allclose(w2, at::tensor({0.0, 1.575, 0.675}, at::kDouble).view({1, 3}), 0,
-                           1e-15))
+  EXPECT_TRUE(at::allclose(w2, at::tensor({0.0, 1.575, 0.675}, at::kDouble).view({1, 3}), 0, 1e-15))
       << w2;
 }
 
 // The weights are detached: the loss's gradient is sum_k w_k dCE_k / sum w
 // with w held fixed, not differentiated through the confidences.
 TEST(Dpace, WeightsCarryNoGradient) {
-  const Objective o{"ce_dpace", [](LossConfig& l) {
-                      l.ce_weight = 1.0, l.weighting = Weighting::kDpace;
-                    }};
+  const Objective o{"ce_dpace",
+                    [](LossConfig& l) { l.ce_weight = 1.0, l.weighting = Weighting::kDpace; }};
   const Inputs in = make_inputs(o, 41);
   const LossRun dp = run(reference::loss_and_metrics, in, at::kDouble);
   // The same loss with the D-PACE weights frozen into the layout.
   Inputs fixed = in;
   const at::Tensor logits = reference::project(in.D, in.W);
-  const at::Tensor ce = logits.logsumexp(-1) -
-                        logits.gather(-1, in.layout.labels.unsqueeze(-1)).squeeze(-1);
+  const at::Tensor ce =
+      logits.logsumexp(-1) - logits.gather(-1, in.layout.labels.unsqueeze(-1)).squeeze(-1);
   fixed.layout.weights =
       in.layout.weights * reference::dpace_weights(ce, in.layout.counted, 4, 0.5);
   fixed.c.loss.weighting = Weighting::kUniform;

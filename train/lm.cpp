@@ -71,8 +71,11 @@ Config lm_config(const LmRecipe& r) {
   c.target.source = "fixture";
   c.target.vocab_size = ByteTokenizer::kVocab;
   c.target.num_hidden_layers = r.num_layers;
-  c.target.shape = {r.hidden_size, r.num_heads, r.num_kv_heads, r.head_dim, r.intermediate_size,
-                    1e6,           1e-6};
+  LayerShape layer;  // rope_theta, rms_norm_eps: the defaults (1e6, 1e-6)
+  layer.hidden_size = r.hidden_size, layer.intermediate_size = r.intermediate_size,
+  layer.head_dim = r.head_dim;
+  layer.num_attention_heads = r.num_heads, layer.num_key_value_heads = r.num_kv_heads;
+  c.target.shape = layer;
   c.target.tie_word_embeddings = true;
   c.target.init_std = r.init_std;
   c.run.seed = r.seed;
