@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -185,24 +186,6 @@ class Section {
   std::set<std::string> seen_;
 };
 
-LayerShape read_shape(Section& s, const LayerShape* defaults) {
-  auto dflt_i = [&](int64_t LayerShape::*m) -> std::optional<int64_t> {
-    if (defaults) return (*defaults).*m;
-    return std::nullopt;
-  };
-  LayerShape l;
-  l.hidden_size = s.integer("hidden_size", dflt_i(&LayerShape::hidden_size));
-  l.num_attention_heads =
-      s.integer("num_attention_heads", dflt_i(&LayerShape::num_attention_heads));
-  l.num_key_value_heads =
-      s.integer("num_key_value_heads", dflt_i(&LayerShape::num_key_value_heads));
-  l.head_dim = s.integer("head_dim", dflt_i(&LayerShape::head_dim));
-  l.intermediate_size = s.integer("intermediate_size", dflt_i(&LayerShape::intermediate_size));
-  l.rope_theta = s.number("rope_theta", defaults ? defaults->rope_theta : 1e6);
-  l.rms_norm_eps = s.number("rms_norm_eps", defaults ? defaults->rms_norm_eps : 1e-6);
-  return l;
-}
-
 const toml::table* section_table(const toml::table& root, const std::string& label,
                                  const char* name, bool required) {
   const toml::node* n = root.get(name);
@@ -246,176 +229,139 @@ void check_sections(const toml::table& root, const std::string& label) {
   }
 }
 
-// A key given both in the TOML and in the model's config.json must agree.
-template <typename T>
-void check_same(const std::string& label, const std::string& key, const T& toml_value,
-                const T& hf_value, const std::string& hf_path) {
-  if (toml_value != hf_value)
-    throw ConfigError(fmt::format("{}: target.{}: expected {} (from {}/config.json), found {}",
-                                  label, key, hf_value, hf_path, toml_value));
+// Field `f` of section `s` into `c`. An optional key's default is its value
+// in `dflt`: a default Config with an hf target's config.json fields and the
+// drafter's shape (the target's) filled in.
+void read_field(Section& s, const ConfigField& f, Config& c, const Config& dflt, bool hf,
+                const std::string& label) {
+  using Type = ConfigField::Type;
+  using Need = ConfigField::Need;
+  const char* name = std::strchr(f.key, '.') + 1;
+  void* p = f.member(c);
+  const void* d = f.in(dflt);
+  const bool required =
+      (f.need == Need::kRequired && !(hf && f.from_hf)) || (f.need == Need::kWithHf && hf);
+  auto dflt_of = [&](auto v) {
+    return required ? std::optional<decltype(v)>() : std::optional<decltype(v)>(v);
+  };
+  switch (f.type) {
+    case Type::kInt:
+      *static_cast<int64_t*>(p) = s.integer(name, dflt_of(*static_cast<const int64_t*>(d)));
+      break;
+    case Type::kReal:
+      *static_cast<double*>(p) = s.number(name, dflt_of(*static_cast<const double*>(d)));
+      break;
+    case Type::kBool:
+      *static_cast<bool*>(p) = s.boolean(name, *static_cast<const bool*>(d));
+      break;
+    case Type::kString:
+      *static_cast<std::string*>(p) = s.string(name, dflt_of(*static_cast<const std::string*>(d)));
+      break;
+    case Type::kInts:
+      *static_cast<std::vector<int64_t>*>(p) =
+          s.int_list(name, *static_cast<const std::vector<int64_t>*>(d));
+      break;
+    case Type::kReals:
+      *static_cast<std::vector<double>*>(p) = s.number_list(name);
+      break;
+    case Type::kRows:
+      *static_cast<std::vector<std::vector<int64_t>>*>(p) = s.int_matrix(name);
+      break;
+    case Type::kSeed: {
+      const int64_t seed = s.integer(name, int64_t(*static_cast<const uint64_t*>(d)));
+      if (seed < 0)
+        throw ConfigError(
+            fmt::format("{}: {}: expected an integer >= 0, found {}", label, f.key, seed));
+      *static_cast<uint64_t*>(p) = uint64_t(seed);
+      break;
+    }
+    case Type::kDType:
+      *static_cast<DType*>(p) =
+          parse_dtype(s.string(name, dtype_name(*static_cast<const DType*>(d))), label);
+      break;
+    case Type::kWeighting:
+      *static_cast<Weighting*>(p) =
+          parse_weighting(s.string(name, weighting_name(*static_cast<const Weighting*>(d))), label);
+      break;
+  }
 }
 
-// source = "hf": the shape comes from <path>/config.json; the TOML may repeat
-// any field, and then it must match.
-void read_hf_target(Section& t, TargetConfig& c, const std::string& label) {
-  c.path = t.string("path", std::nullopt);
-  TargetConfig hf;
-  try {
-    hf = read_hf_config(c.path);
-  } catch (const ConfigError& e) {
-    throw ConfigError(fmt::format("{}: target.path: {}", label, e.what()));
-  }
-  c.vocab_size = t.integer("vocab_size", hf.vocab_size);
-  c.num_hidden_layers = t.integer("num_hidden_layers", hf.num_hidden_layers);
-  c.shape = read_shape(t, &hf.shape);
-  c.tie_word_embeddings = t.boolean("tie_word_embeddings", hf.tie_word_embeddings);
-  c.max_position_embeddings = hf.max_position_embeddings;
-  check_same(label, "vocab_size", c.vocab_size, hf.vocab_size, c.path);
-  check_same(label, "num_hidden_layers", c.num_hidden_layers, hf.num_hidden_layers, c.path);
-  check_same(label, "hidden_size", c.shape.hidden_size, hf.shape.hidden_size, c.path);
-  check_same(label, "num_attention_heads", c.shape.num_attention_heads,
-             hf.shape.num_attention_heads, c.path);
-  check_same(label, "num_key_value_heads", c.shape.num_key_value_heads,
-             hf.shape.num_key_value_heads, c.path);
-  check_same(label, "head_dim", c.shape.head_dim, hf.shape.head_dim, c.path);
-  check_same(label, "intermediate_size", c.shape.intermediate_size, hf.shape.intermediate_size,
-             c.path);
-  check_same(label, "rope_theta", c.shape.rope_theta, hf.shape.rope_theta, c.path);
-  check_same(label, "rms_norm_eps", c.shape.rms_norm_eps, hf.shape.rms_norm_eps, c.path);
-  check_same(label, "tie_word_embeddings", c.tie_word_embeddings, hf.tie_word_embeddings, c.path);
+// Every key of [section] (config_fields()).
+void read_fields(Section& s, const std::string& section, Config& c, const Config& dflt, bool hf,
+                 const std::string& label) {
+  for (const ConfigField& f : config_fields())
+    if (f.need != ConfigField::Need::kHfOnly &&
+        std::strchr(f.key, '.') - f.key == ptrdiff_t(section.size()) &&
+        section.compare(0, section.size(), f.key, section.size()) == 0)
+      read_field(s, f, c, dflt, hf, label);
 }
 
-void read_target(Section t, TargetConfig& c, const std::string& label) {
-  c.source = t.string("source", "fixture");
-  if (c.source == "hf") {
-    read_hf_target(t, c, label);
-  } else {
-    c.vocab_size = t.integer("vocab_size", std::nullopt);
-    c.num_hidden_layers = t.integer("num_hidden_layers", std::nullopt);
-    c.shape = read_shape(t, nullptr);
-    c.tie_word_embeddings = t.boolean("tie_word_embeddings", false);
-    c.path = t.string("path", "");
+// target.source = "hf": a key the TOML repeats from <path>/config.json must agree.
+void check_same_as_hf(const Config& c, const Config& hf, const std::string& label) {
+  for (const ConfigField& f : config_fields()) {
+    if (!f.from_hf) continue;
+    const nlohmann::json mine = field_json(f, c), theirs = field_json(f, hf);
+    if (mine == theirs) continue;
+    auto text = [](const nlohmann::json& v) {
+      return v.is_number_float() ? fmt::format("{}", v.get<double>()) : v.dump();
+    };
+    throw ConfigError(fmt::format("{}: {}: expected {} (from {}/config.json), found {}", label,
+                                  f.key, text(theirs), hf.target.path, text(mine)));
   }
-  c.init_std = t.number("init_std", 0.02);
-  c.norm_init_jitter = t.number("norm_init_jitter", 0.0);
+}
+
+// [target]; with source = "hf" its config.json supplies the model's keys.
+void read_target(const toml::table& root, Config& c, Config& dflt, const std::string& label) {
+  Section t(section_table(root, label, "target", true), label, "target");
+  const bool hf = t.string("source", "fixture") == "hf";
+  if (hf) {
+    const std::string path = t.string("path", std::nullopt);
+    try {
+      dflt.target = read_hf_config(path);
+    } catch (const ConfigError& e) {
+      throw ConfigError(fmt::format("{}: target.path: {}", label, e.what()));
+    }
+  }
+  read_fields(t, "target", c, dflt, hf, label);
+  if (hf) {
+    check_same_as_hf(c, dflt, label);
+    c.target.max_position_embeddings = dflt.target.max_position_embeddings;
+  }
   t.reject_unknown();
 }
 
-// Drafter layers default to the target's shape ("shaped like the target's").
-void read_drafter(Section d, const TargetConfig& target, DrafterConfig& c) {
-  c.num_hidden_layers = d.integer("num_hidden_layers", std::nullopt);
-  c.shape = read_shape(d, &target.shape);
-  c.target_layer_ids = d.int_list("target_layer_ids", {});
+// [drafter]: shaped like the target's unless given; the tapped layers by
+// SPEC.md's rule unless given.
+void read_drafter(const toml::table& root, Config& c, Config& dflt, const std::string& label) {
+  Section d(section_table(root, label, "drafter", true), label, "drafter");
+  dflt.drafter.shape = c.target.shape;
+  read_fields(d, "drafter", c, dflt, false, label);
   // The default ids are computed only for a layer count inside its range:
   // validation reports any other before anything is sized by it.
   if (!d.has("target_layer_ids") &&
-      config_range("drafter.num_hidden_layers").contains_int(c.num_hidden_layers) &&
-      config_range("target.num_hidden_layers").contains_int(target.num_hidden_layers))
-    c.target_layer_ids = default_target_layer_ids(target.num_hidden_layers, c.num_hidden_layers);
-  c.init_std = d.number("init_std", 0.02);
-  c.norm_init_jitter = d.number("norm_init_jitter", 0.0);
+      config_range("drafter.num_hidden_layers").contains_int(c.drafter.num_hidden_layers) &&
+      config_range("target.num_hidden_layers").contains_int(c.target.num_hidden_layers))
+    c.drafter.target_layer_ids =
+        default_target_layer_ids(c.target.num_hidden_layers, c.drafter.num_hidden_layers);
   d.reject_unknown();
-}
-
-void read_data(Section da, DataConfig& c) {
-  c.source = da.string("source", "fixture");
-  c.batch_size = da.integer("batch_size", std::nullopt);
-  c.seq_len = da.integer("seq_len", std::nullopt);
-  c.block_size = da.integer("block_size", std::nullopt);
-  c.max_anchors = da.integer("max_anchors", std::nullopt);
-  c.mask_token_id = da.integer("mask_token_id", std::nullopt);
-  c.input_ids = da.int_matrix("input_ids");
-  c.loss_mask = da.int_matrix("loss_mask");
-  c.path = da.string("path", "");
-  c.eval_path = da.string("eval_path", "");
-  c.eval_samples = da.integer("eval_samples", 32);
-  c.num_samples = da.integer("num_samples", 512);
-  c.prompt_len = da.integer("prompt_len", 8);
-  da.reject_unknown();
-}
-
-void read_train(Section s, TrainConfig& c) {
-  c.steps = s.integer("steps", 100);
-  c.micro_batches = s.integer("micro_batches", 1);
-  c.lr = s.number("lr", 3e-4);
-  c.warmup_steps = s.integer("warmup_steps", 10);
-  c.min_lr_ratio = s.number("min_lr_ratio", 0.1);
-  c.weight_decay = s.number("weight_decay", 0.0);
-  c.clip_norm = s.number("clip_norm", 1.0);
-  c.beta1 = s.number("beta1", 0.9);
-  c.beta2 = s.number("beta2", 0.95);
-  c.eval_every = s.integer("eval_every", 50);
-  c.eval_batches = s.integer("eval_batches", 4);
-  c.checkpoint_every = s.integer("checkpoint_every", 50);
-  c.keep_checkpoints = s.integer("keep_checkpoints", 2);
-  c.log_every = s.integer("log_every", 10);
-  c.served_eval_every = s.integer("served_eval_every", 0);
-  c.served_eval_prompts = s.integer("served_eval_prompts", 8);
-  c.served_eval_tokens = s.integer("served_eval_tokens", 64);
-  c.served_tree_budget = s.integer("served_tree_budget", 16);
-  c.out_dir = s.string("out_dir", "");
-  s.reject_unknown();
-}
-
-void read_loss_run_optimized(Section l, Section r, Section o, Config& c, const std::string& label) {
-  c.loss.ce_weight = l.number("ce_weight", 1.0);
-  c.loss.kl_weight = l.number("kl_weight", 0.0);
-  c.loss.temperature = l.number("temperature", 1.0);
-  c.loss.gamma = l.number("gamma", 0.0);
-  c.loss.chunk_size = l.integer("chunk_size", 0);
-  c.loss.reverse_kl_weight = l.number("reverse_kl_weight", 0.0);
-  c.loss.jsd_weight = l.number("jsd_weight", 0.0);
-  c.loss.jsd_beta = l.number("jsd_beta", 0.5);
-  c.loss.tv_weight = l.number("tv_weight", 0.0);
-  c.loss.weighting = parse_weighting(l.string("weighting", "decay"), label);
-  c.loss.dpace_alpha = l.number("dpace_alpha", 0.5);
-  l.reject_unknown();
-  const int64_t seed = r.integer("seed", 0);
-  if (seed < 0)
-    throw ConfigError(fmt::format("{}: run.seed: expected an integer >= 0, found {}", label, seed));
-  c.run.seed = uint64_t(seed);
-  c.run.dtype = parse_dtype(r.string("dtype", "float32"), label);
-  c.run.threads = r.integer("threads", 0);
-  r.reject_unknown();
-  c.optimized.chunked_loss = o.boolean("chunked_loss", true);
-  c.optimized.sparse_attention = o.boolean("sparse_attention", true);
-  c.optimized.checkpoint_layers = o.boolean("checkpoint_layers", false);
-  c.optimized.attention_tile = o.integer("attention_tile", 256);
-  c.optimized.target_query_chunk = o.integer("target_query_chunk", 1024);
-  c.optimized.kernels = o.string("kernels", "auto");
-  o.reject_unknown();
-}
-
-void read_topology(Section tp, TopologyConfig& c) {
-  c.world_size = tp.integer("world_size", 1);
-  c.target_ranks = tp.int_list("target_ranks", {0});
-  c.drafter_ranks = tp.int_list("drafter_ranks", {0});
-  c.device = tp.string("device", "cpu");
-  c.device_memory_gb = tp.number_list("device_memory_gb");
-  if (c.device_memory_gb.size() == 1 && c.world_size > 1 &&
-      config_range("topology.world_size").contains_int(c.world_size))
-    c.device_memory_gb.assign(size_t(c.world_size), c.device_memory_gb[0]);
-  c.memory_reserve_gb = tp.number("memory_reserve_gb", 2.0);
-  c.timeout_s = tp.number("timeout_s", 60.0);
-  c.startup_timeout_s = tp.number("startup_timeout_s", 600.0);
-  c.queue_depth = tp.integer("queue_depth", 2);
-  tp.reject_unknown();
 }
 
 Config from_table(const toml::table& root, const std::string& label) {
   check_sections(root, label);
-  auto section = [&](const char* name, bool required) {
-    return Section(section_table(root, label, name, required), label, name);
-  };
-  Config c;
+  Config c, dflt;
   c.path = label;
-  read_target(section("target", true), c.target, label);
-  read_drafter(section("drafter", true), c.target, c.drafter);
-  read_data(section("data", true), c.data);
-  read_loss_run_optimized(section("loss", false), section("run", false),
-                          section("optimized", false), c, label);
-  read_topology(section("topology", false), c.topology);
-  read_train(section("train", false), c.train);
+  read_target(root, c, dflt, label);
+  read_drafter(root, c, dflt, label);
+  for (const char* name : {"data", "loss", "run", "optimized", "topology", "train"}) {
+    Section s(section_table(root, label, name, std::strcmp(name, "data") == 0), label, name);
+    read_fields(s, name, c, dflt, false, label);
+    s.reject_unknown();
+  }
+  // One memory figure for every rank.
+  TopologyConfig& tp = c.topology;
+  if (tp.device_memory_gb.size() == 1 && tp.world_size > 1 &&
+      config_range("topology.world_size").contains_int(tp.world_size))
+    tp.device_memory_gb.assign(size_t(tp.world_size), tp.device_memory_gb[0]);
   validate_config(c);
   return c;
 }

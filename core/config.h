@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <nlohmann/json_fwd.hpp>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -209,18 +210,52 @@ Config parse_config_json(const nlohmann::json& j, const std::string& label);
 // configs built in code).
 void validate_config(const Config& c);
 
-// The documented range of each number (docs/CONFIG.md lists them; a test
-// holds the two equal). Checked before anything sizes memory by a value.
+// The documented range of a number (docs/CONFIG.md's table). Checked
+// before anything sizes memory by a value.
 struct ConfigRange {
   const char* key;  // "target.vocab_size"
   double lo, hi;
   bool integer;
   bool lo_open, hi_open;
-  const char* note;
   bool contains(double v) const;
   bool contains_int(int64_t v) const;
   std::string text() const;  // "[2, 16777216]", "(0, 10]"
 };
+
+// One row per key of the config file (core/config_fields.cpp): the single
+// statement of where it lives in Config, whether the file must give it, its
+// range and its documentation. Parsing, the range checks of
+// validate_config, config_to_json and docs/CONFIG.md's key table (printed
+// by config_fields_markdown; core.Config.DocsTableIsTheFieldTable holds the
+// two equal) all read it. An optional key's default is its member's
+// initialiser above (a default-constructed Config), stated nowhere else.
+struct ConfigField {
+  enum class Type { kInt, kReal, kBool, kString, kInts, kReals, kRows, kSeed, kDType, kWeighting };
+  enum class Need {
+    kOptional,  // absent: the member's default
+    kRequired,  // the file gives it (or, `from_hf`, an hf target's config.json)
+    kTargets,   // [drafter] shape: absent, the target's value
+    kRule,      // absent: computed (drafter.target_layer_ids, SPEC.md's tap rule)
+    kWithHf,    // required with target.source = "hf", else optional (target.path)
+    kHfOnly,    // not a key of the file: read from an hf target's config.json
+  };
+  const char* key;  // "loss.kl_weight"
+  Type type;
+  void* (*member)(Config&);  // the member it fills
+  Need need;
+  bool from_hf;     // an hf target's config.json fills it; the file may repeat it, equal
+  bool omit_empty;  // left out of config_to_json when empty
+  std::optional<ConfigRange> range;  // numbers: checked by validate_config
+  const char* doc;                   // docs/CONFIG.md's line
+  const void* in(const Config& c) const;
+};
+const std::vector<ConfigField>& config_fields();
+const ConfigField& config_field(const std::string& key);  // logic_error if none
+// The field's value in `c` as JSON (enums by name).
+nlohmann::json field_json(const ConfigField& f, const Config& c);
+// docs/CONFIG.md's key table.
+std::string config_fields_markdown();
+
 const std::vector<ConfigRange>& config_ranges();
 const ConfigRange& config_range(const std::string& key);  // logic_error if none
 

@@ -353,21 +353,31 @@ TEST(Config, ShippedConfigsValidate) {
   EXPECT_EQ(seed.drafter.target_layer_ids, (std::vector<int64_t>{1, 16, 31, 46, 61}));
 }
 
-// docs/CONFIG.md lists every range the code holds a number to, as the code
-// formats it (on a mismatch the message is the table to paste).
-TEST(Config, DocsListEveryRange) {
+// docs/CONFIG.md's key table is config_fields_markdown() as printed: every
+// key with its default, range and rule, stated once in
+// core/config_fields.cpp (on a mismatch the message is the table to paste).
+TEST(Config, DocsTableIsTheFieldTable) {
   const std::string root =
       std::getenv("DFLASH_SOURCE_DIR") ? std::getenv("DFLASH_SOURCE_DIR") : ".";
   std::ifstream in(root + "/docs/CONFIG.md");
   ASSERT_TRUE(in) << root << "/docs/CONFIG.md";
   const std::string doc((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::string table, missing;
-  for (const ConfigRange& r : config_ranges()) {
-    const std::string row = std::string("| `") + r.key + "` | " + r.text() + " | " + r.note + " |";
-    table += row + "\n";
-    if (doc.find(row + "\n") == std::string::npos) missing += row + "\n";
+  const std::string table = config_fields_markdown();
+  EXPECT_NE(doc.find("\n" + table + "\n"), std::string::npos)
+      << "docs/CONFIG.md lacks the key table; paste:\n"
+      << table;
+}
+
+// An optional key the file leaves out takes its member's initialiser (a
+// default-constructed Config): the field table states no default of its own.
+TEST(Config, OptionalKeysDefaultToTheMembersInitialisers) {
+  const Config c = parse_config_toml(with("kl_weight", "kl_weight = 0.0"), "case.toml");
+  const Config d;
+  for (const ConfigField& f : config_fields()) {
+    if (f.need != ConfigField::Need::kOptional || std::string(f.key) == "run.seed") continue;
+    EXPECT_EQ(field_json(f, c), field_json(f, d)) << f.key;
   }
-  EXPECT_TRUE(missing.empty()) << "docs/CONFIG.md lacks:\n" << missing << "\nthe table:\n" << table;
+  EXPECT_EQ(c.run.seed, 7u);  // given by the file
 }
 
 // A range check on each side of a bound, for an integer and a half-open
