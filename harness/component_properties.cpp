@@ -63,9 +63,9 @@ rc::Gen<LossCase> gen_loss_case(const LossCaseOverride& fixed) {
                         rc::gen::just<int64_t>(Qmax + 5));
     gen_objectives(c.cfg.loss);
     if (fixed.objective) fixed.objective(c.cfg.loss);
-    c.cfg.run.dtype =
-        fixed.dtype ? *fixed.dtype
-                    : *rc::gen::element(DType::kFloat64, DType::kFloat32, DType::kBFloat16);
+    c.cfg.run.dtype = fixed.dtype
+                          ? *fixed.dtype
+                          : *rc::gen::element(DType::kFloat64, DType::kFloat32, DType::kBFloat16);
     c.cfg.optimized.kernels = *rc::gen::element<std::string>("host", "aten");
     // Near agreement in float64 only unless fixed: in float32 the terms'
     // gradients there carry the inputs' rounding over a tiny difference (and
@@ -199,8 +199,8 @@ void read_objectives(const CaseReader& r, LossConfig& l) {
       if (w == weighting_name(x)) l.weighting = x, known = true;
     if (!known)
       throw std::runtime_error(fmt::format(
-          "{}: case.weighting: expected \"decay\", \"dpace\" or \"uniform\", found \"{}\"",
-          r.label, w));
+          "{}: case.weighting: expected \"decay\", \"dpace\" or \"uniform\", found \"{}\"", r.label,
+          w));
   }
 }
 
@@ -260,6 +260,12 @@ struct LossRun {
   at::Tensor grad;
 };
 
+NamedOutputs outputs(const LossRun& r) {
+  NamedOutputs o = loss_terms(r.out);
+  o.emplace_back("grad.student_hidden", r.grad);
+  return o;
+}
+
 std::string check_loss_case(const LossFn& candidate, const LossCase& c, std::string* size) {
   Rng rng(c.seed);
   const Anchors a = sample_anchors(c.mask, c.cfg.data.max_anchors, rng);
@@ -272,11 +278,10 @@ std::string check_loss_case(const LossFn& candidate, const LossCase& c, std::str
   // (B, Q, H): random, or near agreement: the teacher's row of each slot
   // plus 1e-3 noise, so the student's logits differ from the teacher's by
   // ~1e-3 and every divergence is a difference of nearly equal terms.
-  const at::Tensor D =
-      c.near_agreement
-          ? Ht.gather(1, l.teacher_index.unsqueeze(-1).expand({c.B, Q, c.H})) +
-                1e-3 * randn({c.B, Q, c.H}, c.seed + 1)
-          : randn({c.B, Q, c.H}, c.seed + 1);
+  const at::Tensor D = c.near_agreement
+                           ? Ht.gather(1, l.teacher_index.unsqueeze(-1).expand({c.B, Q, c.H})) +
+                                 1e-3 * randn({c.B, Q, c.H}, c.seed + 1)
+                           : randn({c.B, Q, c.H}, c.seed + 1);
   const at::Tensor W = randn({c.V, c.H}, c.seed + 3);
   const DtypeRule& rule = dtype_rule(c.cfg.run.dtype);
   auto run = [&](const LossFn& fn, at::ScalarType dt, uint64_t jitter) {
@@ -290,28 +295,17 @@ std::string check_loss_case(const LossFn& candidate, const LossCase& c, std::str
     r.grad = x.grad();
     return r;
   };
-  const LossRun r64 = run(reference::loss_and_metrics, at::kDouble, 0);
   const at::ScalarType dt = scalar_type(c.cfg.run.dtype);
-  std::vector<LossRun> same = {dt == at::kDouble ? r64 : run(reference::loss_and_metrics, dt, 0)};
-  if (dt != at::kDouble)
-    for (uint64_t k = 1; k <= 2; ++k) same.push_back(run(reference::loss_and_metrics, dt, k));
+  const LossRun ref = run(reference::loss_and_metrics, at::kDouble, 0);
+  const NamedOutputs r64 = outputs(ref);
+  const std::vector<NamedOutputs> same = same_precision_runs(
+      [&](uint64_t k) { return outputs(run(reference::loss_and_metrics, dt, k)); }, r64,
+      dt == at::kDouble);
   const LossRun cand = run(candidate, dt, 0);
   ComparisonReport rep;
-  for (const auto& [name, get] :
-       std::vector<std::pair<const char*, std::function<at::Tensor(const LossRun&)>>>{
-           {"loss", [](const LossRun& r) { return r.out.loss; }},
-           {"ce", [](const LossRun& r) { return r.out.ce; }},
-           {"kl", [](const LossRun& r) { return r.out.kl; }},
-           {"reverse_kl", [](const LossRun& r) { return r.out.reverse_kl; }},
-           {"jsd", [](const LossRun& r) { return r.out.jsd; }},
-           {"tv", [](const LossRun& r) { return r.out.tv; }},
-           {"grad.student_hidden", [](const LossRun& r) { return r.grad; }}}) {
-    std::vector<at::Tensor> s;
-    for (const LossRun& r : same) s.push_back(get(r));
-    const bool nats = std::string(name) != "grad.student_hidden";
-    rep.rows.push_back(
-        compare(name, get(cand), s, get(r64), nats ? loss_tolerance(rule.tol) : rule.tol));
-  }
+  compare_outputs(rep, outputs(cand), same, r64, [&](const std::string& name) {
+    return name == "grad.student_hidden" ? rule.tol : loss_tolerance(rule.tol);
+  });
   // Argmax metrics: exact in float64; float32 may flip near ties only.
   const at::Tensor logits = reference::project(D, W);
   const at::Tensor top2 = std::get<0>(logits.topk(std::min<int64_t>(2, c.V), -1));
@@ -321,13 +315,13 @@ std::string check_loss_case(const LossFn& candidate, const LossCase& c, std::str
               : (top2.select(-1, 0) - top2.select(-1, 1)) < rule.logit_noise * scale;
   const int64_t ties = (near & l.counted).sum().item<int64_t>();
   const bool metrics_ok =
-      (cand.out.correct - r64.out.correct).abs().sum().item<int64_t>() <= ties &&
-      at::equal(cand.out.counted, r64.out.counted);
+      (cand.out.correct - ref.out.correct).abs().sum().item<int64_t>() <= ties &&
+      at::equal(cand.out.counted, ref.out.counted);
   if (!metrics_ok) {
     Comparison m;
     m.name = "metric.correct_per_slot";
     m.message = fmt::format("{} hits differ with {} near ties",
-                            (cand.out.correct - r64.out.correct).abs().sum().item<int64_t>(), ties);
+                            (cand.out.correct - ref.out.correct).abs().sum().item<int64_t>(), ties);
     rep.rows.push_back(m);
   }
   return rep.ok() ? "" : rep.format(*size);
@@ -429,26 +423,21 @@ std::string check_attention_case(const AttentionFn& candidate, const AttnCase& c
     const at::Tensor ql = leaf(j(q, 1), dt), kl = leaf(j(k, 2), dt), vl = leaf(j(v, 3), dt);
     const at::Tensor out = fn(ql, kl, vl, c.a, c.S, c.bs, c.tile, c.kernels);
     (out * j(dout, 4).to(dt)).sum().backward();
-    return std::vector<at::Tensor>{out, ql.grad(), kl.grad(), vl.grad()};
+    return NamedOutputs{
+        {"out", out}, {"grad.q", ql.grad()}, {"grad.k", kl.grad()}, {"grad.v", vl.grad()}};
   };
   const AttentionFn dense = [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                const Anchors& a, int64_t S, int64_t bs, int64_t,
                                optimized::Kernels) {
     return reference::draft_attention(q, k, v, a, S, bs);
   };
-  const auto r64 = run(dense, at::kDouble, 0);
   const at::ScalarType dt = scalar_type(c.dtype);
-  std::vector<std::vector<at::Tensor>> same = {dt == at::kDouble ? r64 : run(dense, dt, 0)};
-  if (dt != at::kDouble)
-    for (uint64_t k = 1; k <= 2; ++k) same.push_back(run(dense, dt, k));
-  const auto cand = run(candidate, dt, 0);
+  const NamedOutputs r64 = run(dense, at::kDouble, 0);
+  const std::vector<NamedOutputs> same =
+      same_precision_runs([&](uint64_t k) { return run(dense, dt, k); }, r64, dt == at::kDouble);
   ComparisonReport rep;
-  const char* names[] = {"out", "grad.q", "grad.k", "grad.v"};
-  for (size_t i = 0; i < 4; ++i) {
-    std::vector<at::Tensor> s;
-    for (const auto& r : same) s.push_back(r[i]);
-    rep.rows.push_back(compare(names[i], cand[i], s, r64[i], rule.tol));
-  }
+  compare_outputs(rep, run(candidate, dt, 0), same, r64,
+                  [&](const std::string&) { return rule.tol; });
   return rep.ok() ? "" : rep.format(*size);
 }
 
@@ -511,20 +500,19 @@ std::string check_checkpoint_case(const CheckpointImpl& candidate, const CkptCas
     w1.mutable_grad().reset();
     w2.mutable_grad().reset();
     (out * randn(out.sizes(), seed + 4)).sum().backward();
-    return std::vector<at::Tensor>{x0.grad(), c0.grad(), w1.grad(), w2.grad()};
+    return NamedOutputs{{"grad.x", x0.grad()},
+                        {"grad.ctx", c0.grad()},
+                        {"grad.w1", w1.grad()},
+                        {"grad.w2", w2.grad()}};
   };
-  std::vector<at::Tensor> plain, cand;
+  NamedOutputs plain, cand;
   try {
     plain = grads(false);
     cand = grads(true);
   } catch (const std::exception& e) {
     return fmt::format("{}: {}", *size, e.what());
   }
-  ComparisonReport rep;
-  const char* names[] = {"grad.x", "grad.ctx", "grad.w1", "grad.w2"};
-  for (int i = 0; i < 4; ++i)
-    rep.rows.push_back(compare(names[i], cand[size_t(i)], plain[size_t(i)], plain[size_t(i)],
-                               dtype_rule(DType::kFloat64).tol));
+  const ComparisonReport rep = compare_outputs(cand, plain, plain, dtype_rule(DType::kFloat64).tol);
   return rep.ok() ? "" : rep.format(*size);
 }
 

@@ -227,38 +227,47 @@ Comparison count_rule(const std::string& name, const at::Tensor& cand, const at:
 
 }  // namespace
 
+namespace {
+
+// A step's compared tensors: the loss terms, the weight sum, the student's
+// hidden state (`grads` false), or the gradients by parameter (true).
+NamedOutputs step_outputs(const StepResult& r, bool grads) {
+  if (grads) {
+    NamedOutputs g;
+    for (const auto& [n, t] : r.grads) g.emplace_back("grad." + n, t);
+    return g;
+  }
+  NamedOutputs o = loss_terms(r.out);
+  o.emplace_back("weight_sum", r.out.weight_sum);
+  o.emplace_back("student_hidden", r.out.student_hidden);
+  return o;
+}
+
+}  // namespace
+
+NamedOutputs loss_terms(const StepOutputs& o) {
+  return {{"loss", o.loss}, {"ce", o.ce}, {"kl", o.kl}, {"reverse_kl", o.reverse_kl},
+          {"jsd", o.jsd},   {"tv", o.tv}};
+}
+
 ComparisonReport compare_steps(const StepResult& o, const std::vector<StepResult>& same,
                                const StepResult& r64, const Tolerance& tol, const at::Tensor& ties,
                                const std::map<std::string, at::Tensor>& slack) {
-  ComparisonReport rep;
-  auto add = [&](const std::string& name, const std::function<at::Tensor(const StepResult&)>& get,
-                 const Tolerance& t) {
-    std::vector<at::Tensor> s;
-    for (const StepResult& r : same) s.push_back(get(r));
-    auto it = slack.find(name);
-    rep.rows.push_back(
-        compare(name, get(o), s, get(r64), t, it == slack.end() ? at::Tensor() : it->second));
-  };
   const Tolerance nats = loss_tolerance(tol);
-  add(
-      "loss", [](const StepResult& r) { return r.out.loss; }, nats);
-  add(
-      "ce", [](const StepResult& r) { return r.out.ce; }, nats);
-  add(
-      "kl", [](const StepResult& r) { return r.out.kl; }, nats);
-  add(
-      "reverse_kl", [](const StepResult& r) { return r.out.reverse_kl; }, nats);
-  add(
-      "jsd", [](const StepResult& r) { return r.out.jsd; }, nats);
-  add(
-      "tv", [](const StepResult& r) { return r.out.tv; }, nats);
   // The weight sum is a sum of decay factors that every build accumulates in
   // fp32 or better whatever the storage dtype: 1e-6 of it, not the dtype's floor.
   const Tolerance sums{tol.k, std::min(tol.floor_rel, 1e-6), 0.0};
-  add(
-      "weight_sum", [](const StepResult& r) { return r.out.weight_sum; }, sums);
-  add(
-      "student_hidden", [](const StepResult& r) { return r.out.student_hidden; }, tol);
+  auto tol_of = [&](const std::string& name) {
+    if (name == "weight_sum") return sums;
+    return name == "student_hidden" || name.rfind("grad.", 0) == 0 ? tol : nats;
+  };
+  ComparisonReport rep;
+  auto add = [&](bool grads) {
+    std::vector<NamedOutputs> s;
+    for (const StepResult& r : same) s.push_back(step_outputs(r, grads));
+    compare_outputs(rep, step_outputs(o, grads), s, step_outputs(r64, grads), tol_of, slack);
+  };
+  add(false);
   // Metrics: per-slot hits and the accepted length, exact but for near ties.
   rep.rows.push_back(count_rule("metric.correct_per_slot", o.out.correct, r64.out.correct, ties));
   const int64_t bs = ties.numel();
@@ -266,9 +275,7 @@ ComparisonReport compare_steps(const StepResult& o, const std::vector<StepResult
                                 ties.sum() * std::max<int64_t>(bs - 1, 0)));
   rep.rows.push_back(count_rule("metric.kept_blocks", o.out.kept_blocks, r64.out.kept_blocks,
                                 at::zeros({}, at::kLong)));
-  for (size_t i = 0; i < r64.grads.size(); ++i)
-    add(
-        "grad." + r64.grads[i].first, [i](const StepResult& r) { return r.grads[i].second; }, tol);
+  add(true);
   return rep;
 }
 
@@ -280,11 +287,11 @@ ComparisonReport step_parity(const StepFn& candidate, const Config& config, uint
   if (config.run.dtype == DType::kFloat64)
     return compare_steps(run_case(candidate, as_dtype(c64, DType::kFloat64)), {r64}, r64, rule.tol,
                          ties);
-  std::vector<StepResult> same = {
-      run_case(reference::drafter_step, as_dtype(c64, config.run.dtype))};
-  for (uint64_t k = 1; k <= 2; ++k)
-    same.push_back(run_case(reference::drafter_step,
-                            as_dtype(perturbed(c64, rule.rounding, k), config.run.dtype)));
+  std::vector<StepResult> same;
+  for (uint64_t k = 0; k <= 2; ++k)  // as given, then jittered: same_precision_runs' rule
+    same.push_back(
+        run_case(reference::drafter_step,
+                 as_dtype(k ? perturbed(c64, rule.rounding, k) : c64, config.run.dtype)));
   const StepResult cand = run_case(candidate, as_dtype(c64, config.run.dtype));
   std::map<std::string, at::Tensor> slack = tv_sign_slack(c64, cand, rule);
   for (auto& [name, t] : hidden_state_slack(c64, cand, r64)) slack[name] = t;

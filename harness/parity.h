@@ -79,6 +79,10 @@ std::map<std::string, at::Tensor> hidden_state_slack(const StepCase& c64,
                                                      const StepResult& candidate,
                                                      const StepResult& ref64);
 
+// The loss terms every comparison of a loss holds (compare_outputs): loss,
+// ce, kl, reverse_kl, jsd, tv.
+NamedOutputs loss_terms(const StepOutputs& o);
+
 // `same_precision`: the reference in the candidate's dtype, on the case and
 // on rounding-level perturbations of it; err(same) is the worst of them.
 // `slack`: tv_sign_slack's allowance per gradient (none where absent).

@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 #include <limits>
+#include <stdexcept>
 
 namespace dflash::harness {
 namespace {
@@ -111,9 +112,9 @@ std::string coordinates(int64_t flat, const std::vector<int64_t>& shape) {
 std::string Comparison::describe() const {
   if (!message.empty()) return fmt::format("{:<44} {} {}", name, ok ? "ok  " : "FAIL", message);
   const std::string slack_note =
-      max_slack > 0 ? fmt::format(" (beyond a slack of up to {:.3e}; {:.3e} there)", max_slack,
-                                  slack)
-                    : "";
+      max_slack > 0
+          ? fmt::format(" (beyond a slack of up to {:.3e}; {:.3e} there)", max_slack, slack)
+          : "";
   return fmt::format(
       "{:<44} {} max_abs {:.3e} <= {:.3e}? (same-precision {:.3e}, error ratio {:.3g}) rel "
       "{:.2e} worst {} {:.9g} vs {:.9g}{}",
@@ -132,6 +133,40 @@ std::string ComparisonReport::format(const std::string& context) const {
   for (const auto& r : rows) s += r.describe() + "\n";
   if (!ok() && !context.empty()) s += "config:\n" + context;
   return s;
+}
+
+std::vector<NamedOutputs> same_precision_runs(const std::function<NamedOutputs(uint64_t)>& run,
+                                              const NamedOutputs& ref64, bool float64) {
+  if (float64) return {ref64};
+  return {run(0), run(1), run(2)};
+}
+
+namespace {
+const at::Tensor& output(const NamedOutputs& o, const std::string& name) {
+  for (const auto& [n, t] : o)
+    if (n == name) return t;
+  throw std::logic_error("compare_outputs: no output " + name);
+}
+}  // namespace
+
+void compare_outputs(ComparisonReport& rep, const NamedOutputs& candidate,
+                     const std::vector<NamedOutputs>& same, const NamedOutputs& ref64,
+                     const std::function<Tolerance(const std::string&)>& tol_of,
+                     const std::map<std::string, at::Tensor>& slack) {
+  for (const auto& [name, cand] : candidate) {
+    std::vector<at::Tensor> s;
+    for (const NamedOutputs& r : same) s.push_back(output(r, name));
+    const auto it = slack.find(name);
+    rep.rows.push_back(compare(name, cand, s, output(ref64, name), tol_of(name),
+                               it == slack.end() ? at::Tensor() : it->second));
+  }
+}
+
+ComparisonReport compare_outputs(const NamedOutputs& candidate, const NamedOutputs& same,
+                                 const NamedOutputs& ref64, const Tolerance& tol) {
+  ComparisonReport rep;
+  compare_outputs(rep, candidate, {same}, ref64, [&](const std::string&) { return tol; });
+  return rep;
 }
 
 }  // namespace dflash::harness

@@ -7,7 +7,10 @@
 
 #include <ATen/ATen.h>
 
+#include <functional>
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace dflash::harness {
@@ -28,9 +31,9 @@ struct Comparison {
   int64_t worst_index = -1;    // flat index into the tensor
   std::vector<int64_t> shape;  // to name the worst element by its coordinates
   double worst_candidate = 0, worst_reference = 0;
-  double slack = 0;     // the elementwise slack taken off at the worst index
-  double max_slack = 0; // the largest slack of the tensor (0: none applied)
-  std::string message;  // filled when the comparison could not be made
+  double slack = 0;      // the elementwise slack taken off at the worst index
+  double max_slack = 0;  // the largest slack of the tensor (0: none applied)
+  std::string message;   // filled when the comparison could not be made
   // err / err_same: how many times the same-precision reference's own error
   // the candidate's is (the quantity the tolerance k bounds; inf when the
   // reference is exact).
@@ -81,5 +84,28 @@ struct ComparisonReport {
   bool ok() const;
   std::string format(const std::string& context = "") const;
 };
+
+// The outputs of one run by name ("loss", "grad.q", ...), in a fixed order.
+using NamedOutputs = std::vector<std::pair<std::string, at::Tensor>>;
+
+// The same-precision reference runs of a comparison: in float64 the float64
+// reference itself; below, `run(jitter)` three times, as given (jitter 0)
+// and on inputs perturbed at the dtype's rounding level (jitter 1 and 2):
+// one run alone can round luckily well on a small case and set a bound below
+// the dtype's real noise.
+std::vector<NamedOutputs> same_precision_runs(const std::function<NamedOutputs(uint64_t)>& run,
+                                              const NamedOutputs& ref64, bool float64);
+
+// Each output of `candidate` against the float64 reference's of the same
+// name, under the rule above with `tol_of(name)`, err(same) the worst over
+// `same`, and `slack` (by name; none when absent) taken off elementwise.
+// Appends one row per output, in the candidate's order.
+void compare_outputs(ComparisonReport& rep, const NamedOutputs& candidate,
+                     const std::vector<NamedOutputs>& same, const NamedOutputs& ref64,
+                     const std::function<Tolerance(const std::string&)>& tol_of,
+                     const std::map<std::string, at::Tensor>& slack = {});
+// One tolerance for every output.
+ComparisonReport compare_outputs(const NamedOutputs& candidate, const NamedOutputs& same,
+                                 const NamedOutputs& ref64, const Tolerance& tol);
 
 }  // namespace dflash::harness

@@ -74,20 +74,16 @@ LossRun run(decltype(&reference::loss_and_metrics) fn, const LossCase& lc, const
   return r;
 }
 
+// The compared outputs; the metrics count argmax hits: exact.
+harness::NamedOutputs outputs(const LossRun& r) {
+  return {{"loss", r.out.loss},       {"ce", r.out.ce},
+          {"kl", r.out.kl},           {"grad.student_hidden", r.grad},
+          {"correct", r.out.correct}, {"accept_sum", r.out.accept_sum}};
+}
+
 harness::ComparisonReport compare_runs(const LossRun& opt, const LossRun& same, const LossRun& r64,
                                        const harness::Tolerance& tol) {
-  harness::ComparisonReport rep;
-  auto add = [&](const char* name, auto get) {
-    rep.rows.push_back(harness::compare(name, get(opt), get(same), get(r64), tol));
-  };
-  add("loss", [](const LossRun& r) { return r.out.loss; });
-  add("ce", [](const LossRun& r) { return r.out.ce; });
-  add("kl", [](const LossRun& r) { return r.out.kl; });
-  add("grad.student_hidden", [](const LossRun& r) { return r.grad; });
-  // Metrics count argmax hits: exact.
-  add("correct", [](const LossRun& r) { return r.out.correct; });
-  add("accept_sum", [](const LossRun& r) { return r.out.accept_sum; });
-  return rep;
+  return harness::compare_outputs(outputs(opt), outputs(same), outputs(r64), tol);
 }
 
 // Every case on both implementations of the row work (optimized/kernels.h).

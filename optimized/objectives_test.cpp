@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "fixtures/fixtures.h"
+#include "harness/parity.h"
 #include "harness/tolerance.h"
 #include "optimized/chunked_loss.h"
 #include "reference/layers.h"
@@ -88,21 +89,16 @@ LossRun run(LossFnPtr fn, const Inputs& in, at::ScalarType dt, Kernels k = Kerne
   return r;
 }
 
+harness::NamedOutputs outputs(const LossRun& r) {
+  harness::NamedOutputs o = harness::loss_terms(r.out);
+  o.emplace_back("weight_sum", r.out.weight_sum);
+  o.emplace_back("grad.student_hidden", r.grad);
+  return o;
+}
+
 harness::ComparisonReport compare(const LossRun& cand, const LossRun& same, const LossRun& r64,
                                   const harness::Tolerance& t) {
-  harness::ComparisonReport rep;
-  auto add = [&](const char* name, auto get) {
-    rep.rows.push_back(harness::compare(name, get(cand), get(same), get(r64), t));
-  };
-  add("loss", [](const LossRun& r) { return r.out.loss; });
-  add("ce", [](const LossRun& r) { return r.out.ce; });
-  add("kl", [](const LossRun& r) { return r.out.kl; });
-  add("reverse_kl", [](const LossRun& r) { return r.out.reverse_kl; });
-  add("jsd", [](const LossRun& r) { return r.out.jsd; });
-  add("tv", [](const LossRun& r) { return r.out.tv; });
-  add("weight_sum", [](const LossRun& r) { return r.out.weight_sum; });
-  add("grad.student_hidden", [](const LossRun& r) { return r.grad; });
-  return rep;
+  return harness::compare_outputs(outputs(cand), outputs(same), outputs(r64), t);
 }
 
 class Objectives : public ::testing::TestWithParam<std::tuple<Objective, Kernels>> {

@@ -78,14 +78,13 @@ at::Tensor sparse_fn(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   return draft_attention(q, k, v, a, S, bs, tile, kernels);
 }
 
+harness::NamedOutputs outputs(const AttnRun& r) {
+  return {{"out", r.out}, {"grad.q", r.dq}, {"grad.k", r.dk}, {"grad.v", r.dv}};
+}
+
 harness::ComparisonReport compare_runs(const AttnRun& o, const AttnRun& same, const AttnRun& r64,
                                        const harness::Tolerance& tol) {
-  harness::ComparisonReport rep;
-  rep.rows.push_back(harness::compare("out", o.out, same.out, r64.out, tol));
-  rep.rows.push_back(harness::compare("grad.q", o.dq, same.dq, r64.dq, tol));
-  rep.rows.push_back(harness::compare("grad.k", o.dk, same.dk, r64.dk, tol));
-  rep.rows.push_back(harness::compare("grad.v", o.dv, same.dv, r64.dv, tol));
-  return rep;
+  return harness::compare_outputs(outputs(o), outputs(same), outputs(r64), tol);
 }
 
 // Every case on both implementations of the row work (optimized/kernels.h).
