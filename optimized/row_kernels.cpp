@@ -88,13 +88,27 @@ DFLASH_INLINE Acc log_sum_exp_shifted(const T* z, int64_t V, Acc m, Acc scale) {
   return std::log(s);
 }
 
+// The inputs of one row's terms: the logs every pass reads.
+template <typename Acc>
+struct RowLogs {
+  Acc ms, mt;  // the rows' maxima (student, teacher)
+  // Shifted by the max: lse = log sum exp(z - ms); lse_st, lse_tt = log sum
+  // exp((z - m)/T) of the student and the teacher row.
+  Acc lse, lse_st, lse_tt, inv_t;
+  Acc log_beta, log_1m_beta;  // log beta, log(1 - beta) of the JSD mixture
+  Acc beta, one_m_beta;       // beta, 1 - beta
+  Acc d_star;                 // d at the student's argmax
+};
+
 // d/dz_s of w * (ce_w * CE + kl_w * KL) = w * (ce_w * (softmax(z) - onehot(label))
 //                                        + kl_w / T * (softmax(z/T) - p_t)),
 // written over the student row; the KL is accumulated in the same pass so
 // each exp is taken once. `same_t` (T == 1) shares softmax(z) and softmax(z/T).
 template <typename T, typename Acc, bool same_t>
-DFLASH_INLINE Acc grad_and_kl(T* zs, const T* zt, int64_t V, int64_t label, Acc ms, Acc mt, Acc lse,
-                              Acc lse_st, Acc lse_tt, Acc inv_t, Acc gce, Acc gkl) {
+DFLASH_INLINE Acc grad_and_kl(T* zs, const T* zt, int64_t V, int64_t label, const RowLogs<Acc>& lg,
+                              Acc gce, Acc gkl) {
+  const Acc ms = lg.ms, mt = lg.mt, lse = lg.lse, lse_st = lg.lse_st, lse_tt = lg.lse_tt,
+            inv_t = lg.inv_t;
   Acc kl = 0;
 #pragma omp simd reduction(+ : kl)
   for (int64_t v = 0; v < V; ++v) {
@@ -113,8 +127,8 @@ DFLASH_INLINE Acc grad_and_kl(T* zs, const T* zt, int64_t V, int64_t label, Acc 
 }
 
 template <typename T, typename Acc>
-DFLASH_INLINE Acc kl_only(const T* zs, const T* zt, int64_t V, Acc ms, Acc mt, Acc lse_st,
-                          Acc lse_tt, Acc inv_t) {
+DFLASH_INLINE Acc kl_only(const T* zs, const T* zt, int64_t V, const RowLogs<Acc>& lg) {
+  const Acc ms = lg.ms, mt = lg.mt, lse_st = lg.lse_st, lse_tt = lg.lse_tt, inv_t = lg.inv_t;
   Acc kl = 0;
 #pragma omp simd reduction(+ : kl)
   for (int64_t v = 0; v < V; ++v) {
@@ -186,18 +200,6 @@ DFLASH_INLINE Acc log_ps_over_m(Acc log_ps, Acc log_m, Acc ps, Acc pt, Acc m, Ac
 template <typename Acc>
 struct TermSums {
   Acc kl = 0, rkl_c = 0, l1 = 0, p_pos = 0, p_neg = 0, p_zero = 0, kl_tm = 0, kl_sm = 0;
-};
-
-// The inputs of one row's distillation terms.
-template <typename Acc>
-struct RowLogs {
-  Acc ms, mt;  // the rows' maxima (student, teacher)
-  // Shifted by the max: lse = log sum exp(z - ms); lse_st, lse_tt = log sum
-  // exp((z - m)/T) of the student and the teacher row.
-  Acc lse, lse_st, lse_tt, inv_t;
-  Acc log_beta, log_1m_beta;  // log beta, log(1 - beta) of the JSD mixture
-  Acc beta, one_m_beta;       // beta, 1 - beta
-  Acc d_star;                 // d at the student's argmax
 };
 
 // The general gradient, written over the student row (d/dz of each term,
@@ -425,32 +427,23 @@ DFLASH_INLINE void one_row(const LossRows& a, int64_t r) {
     const Acc mt = row_max<T, Acc>(zt, V).value;
     const Acc lse_st = same_t ? lse : log_sum_exp_shifted<T, Acc>(zs, V, ms.value, inv_t);
     const Acc lse_tt = log_sum_exp_shifted<T, Acc>(zt, V, mt, inv_t);
-    if (plan.general()) {
-      const double b = a.obj.jsd_beta;
-      const Acc d_star = -lse_st - (inv_t * (load(zt, ms.index) - mt) - lse_tt);
-      const RowLogs<Acc> lg{ms.value,
-                            mt,
-                            lse,
-                            lse_st,
-                            lse_tt,
-                            inv_t,
-                            plan.jsd_mid ? Acc(std::log(b)) : Acc(0),
-                            plan.jsd_mid ? Acc(std::log1p(-b)) : Acc(0),
-                            Acc(b),
-                            Acc(1 - b),
-                            d_star};
-      return general_row<T, Acc>(a, r, zs, zt, label, lg, w, same_t);
-    }
+    const double b = a.obj.jsd_beta;
+    RowLogs<Acc> lg;
+    lg.ms = ms.value, lg.mt = mt, lg.lse = lse, lg.lse_st = lse_st, lg.lse_tt = lse_tt;
+    lg.inv_t = inv_t;
+    lg.log_beta = plan.jsd_mid ? Acc(std::log(b)) : Acc(0);
+    lg.log_1m_beta = plan.jsd_mid ? Acc(std::log1p(-b)) : Acc(0);
+    lg.beta = Acc(b), lg.one_m_beta = Acc(1 - b);
+    lg.d_star = -lse_st - (inv_t * (load(zt, ms.index) - mt) - lse_tt);
+    if (plan.general()) return general_row<T, Acc>(a, r, zs, zt, label, lg, w, same_t);
     // CE + forward KL only: one fused pass.
     Acc kl;
     if (!a.want_grad)
-      kl = kl_only<T, Acc>(zs, zt, V, ms.value, mt, lse_st, lse_tt, inv_t);
+      kl = kl_only<T, Acc>(zs, zt, V, lg);
     else if (same_t)
-      kl = grad_and_kl<T, Acc, true>(zs, zt, V, label, ms.value, mt, lse, lse_st, lse_tt, inv_t,
-                                     gce, gkl);
+      kl = grad_and_kl<T, Acc, true>(zs, zt, V, label, lg, gce, gkl);
     else
-      kl = grad_and_kl<T, Acc, false>(zs, zt, V, label, ms.value, mt, lse, lse_st, lse_tt, inv_t,
-                                      gce, gkl);
+      kl = grad_and_kl<T, Acc, false>(zs, zt, V, label, lg, gce, gkl);
     a.kl[r] = a.obj.kl != 0 ? double(kl) : 0.0;
     a.jsd[r] = a.obj.jsd != 0 ? double(kl) : 0.0;  // jsd at beta = 0
   } else if (a.want_grad) {

@@ -170,14 +170,32 @@ at::Tensor mm_acc(const at::Tensor& a, const at::Tensor& b, at::ScalarType acc) 
   return at::matmul(a, b).to(acc).contiguous();
 }
 
+// One call's inputs, the anchors and keep on the host: q (B, nh, Q, hd), k
+// and v (B, nkv, S+Q, hd), anchors and keep (B, N).
+struct HeadInputs {
+  at::Tensor q, k, v, anchors, keep;
+};
+// What forward writes (each head its own rows): out (B, nh, Q, hd) in the
+// input dtype, out_acc the same in acc precision (undefined when that is
+// the input dtype) and lse (B, nh, Q).
+struct ForwardOutputs {
+  at::Tensor out, out_acc, lse;
+};
+// What backward reads (the output in acc precision, lse, the upstream dout
+// (B, nh, Q, hd)) and writes (dq, dk, dv, shaped like q, k, v).
+struct BackwardTensors {
+  at::Tensor out, lse, dout, dq, dk, dv;
+};
+
 // Forward of one (batch row, kv head): online softmax over the context tiles
 // (a prefix of the stacked rows each), then over each block's own keys. The
 // P V product runs in acc precision (fp32 for bf16 inputs): then O is exactly
 // sum_j p_j v_j, which backward's D = rowsum(dO o O) relies on to keep the
 // softmax Jacobian's rows summing to zero.
-void forward_head(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                  const at::Tensor& anchors, const at::Tensor& keep, at::Tensor& out,
-                  at::Tensor& out_acc, at::Tensor& lse, const Geometry& g, int64_t b, int64_t h) {
+void forward_head(const HeadInputs& in, const ForwardOutputs& fw, const Geometry& g, int64_t b,
+                  int64_t h) {
+  const at::Tensor &q = in.q, &k = in.k, &v = in.v, &anchors = in.anchors, &keep = in.keep;
+  const at::Tensor &out = fw.out, &out_acc = fw.out_acc, &lse = fw.lse;
   const Plan p = make_plan(g, anchors, keep, b, h);
   const int64_t R = g.rows_per_block(), K = int64_t(p.blocks.size()), rows = K * R;
   if (K == 0) return;  // every block keep = false: output stays 0
@@ -211,10 +229,11 @@ void forward_head(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
 // formed in fp32, so that dS = p (dP - D) with D = rowsum(dO o O) cancels as
 // the reference's p (dp - sum p dp) does; from two separately rounded bf16
 // quantities the difference would keep their rounding errors.
-void backward_head(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                   const at::Tensor& out, const at::Tensor& lse, const at::Tensor& dout,
-                   const at::Tensor& anchors, const at::Tensor& keep, at::Tensor& dq,
-                   at::Tensor& dk, at::Tensor& dv, const Geometry& g, int64_t b, int64_t h) {
+void backward_head(const HeadInputs& in, const BackwardTensors& bw, const Geometry& g, int64_t b,
+                   int64_t h) {
+  const at::Tensor &q = in.q, &k = in.k, &v = in.v, &anchors = in.anchors, &keep = in.keep;
+  const at::Tensor &out = bw.out, &lse = bw.lse, &dout = bw.dout;
+  const at::Tensor &dq = bw.dq, &dk = bw.dk, &dv = bw.dv;
   const Plan p = make_plan(g, anchors, keep, b, h);
   const int64_t R = g.rows_per_block(), K = int64_t(p.blocks.size()), rows = K * R;
   if (K == 0) return;
@@ -275,8 +294,9 @@ struct SparseAttention : public torch::autograd::Function<SparseAttention> {
     // Heads run one after another: the GEMMs inside are large enough for
     // the BLAS threads, and BLAS called from inside at::parallel_for
     // oversubscribes the cores (measured 2.5x slower on 2 cores).
+    const HeadInputs in{q, k, v, anchors_h, keep_h};
     for (int64_t i = 0; i < g.B * g.nkv; ++i)
-      forward_head(q, k, v, anchors_h, keep_h, out, out_acc, lse, g, i / g.nkv, i % g.nkv);
+      forward_head(in, {out, out_acc, lse}, g, i / g.nkv, i % g.nkv);
     ctx->save_for_backward({q, k, v, out_acc.defined() ? out_acc : out, lse, anchors, keep});
     ctx->saved_data["S"] = S;
     ctx->saved_data["bs"] = bs;
@@ -294,9 +314,9 @@ struct SparseAttention : public torch::autograd::Function<SparseAttention> {
     const at::Tensor dout = grads[0].contiguous();  // the real, per-element upstream gradient
     at::Tensor dq = at::zeros_like(q), dk = at::zeros_like(k), dv = at::zeros_like(v);
     const at::Tensor anchors_h = s[5].cpu(), keep_h = s[6].cpu();
+    const HeadInputs in{q, k, v, anchors_h, keep_h};
     for (int64_t i = 0; i < g.B * g.nkv; ++i)
-      backward_head(q, k, v, out, lse, dout, anchors_h, keep_h, dq, dk, dv, g, i / g.nkv,
-                    i % g.nkv);
+      backward_head(in, {out, lse, dout, dq, dk, dv}, g, i / g.nkv, i % g.nkv);
     return {dq, dk, dv, {}, {}, {}, {}, {}, {}};
   }
 };
