@@ -96,13 +96,14 @@ TEST_P(Calibration, ActivationsAndContext) {
   }
   expect_within("context projection", double(ctx), context_bytes(s.B, s.S, s.H, 4).bytes);
   const int64_t ck = held(true, true), plain = held(false, true), dense = held(false, false);
-  expect_within("checkpointed drafter (saved)", double(ck),
-                checkpointed_saved_bytes(s.Nd, s.B, Q, s.S, s.H, s.hd, 4).bytes +
-                    context_bytes(s.B, s.S, s.H, 4).bytes);
+  const AttentionSizes z = AttentionSizes::of(c.drafter.shape, s.B, Q, s.S);
+  expect_within(
+      "checkpointed drafter (saved)", double(ck),
+      checkpointed_saved_bytes(s.Nd, z, s.H, 4).bytes + context_bytes(s.B, s.S, s.H, 4).bytes);
   expect_within("one layer's activations", double(plain - ck) / double(s.Nd),
                 layer_activation_bytes(s.B, Q, s.S, c.drafter.shape, 4).bytes);
   expect_within("dense attention (saved, one layer)", double(dense - plain) / double(s.Nd),
-                dense_attention_saved_bytes(s.B, s.nh, s.nkv, Q, s.S, s.hd, 4).bytes);
+                dense_attention_saved_bytes(z, 4).bytes);
 }
 
 // dflash's own target forward (optimized::target_forward): the causal
@@ -118,10 +119,12 @@ TEST_P(Calibration, TargetAttention) {
     const at::Tensor out = optimized::chunked_causal_attention(qh, k, v, chunk);
     return double(scope.peak_delta());
   };
-  expect_within("target attention, query-chunked", peak_of(q),
-                target_attention_bytes(s.B, s.nh, s.nkv, S, s.hd, q, 4).bytes);
-  expect_within("target attention, dense", peak_of(S),
-                target_attention_bytes(s.B, s.nh, s.nkv, S, s.hd, S, 4).bytes);
+  AttentionSizes z;
+  z.B = s.B, z.nh = s.nh, z.nkv = s.nkv, z.S = S, z.hd = s.hd;
+  z.Q = q;
+  expect_within("target attention, query-chunked", peak_of(q), target_attention_bytes(z, 4).bytes);
+  z.Q = S;
+  expect_within("target attention, dense", peak_of(S), target_attention_bytes(z, 4).bytes);
 }
 
 TEST_P(Calibration, AttentionAndLosses) {
@@ -135,8 +138,9 @@ TEST_P(Calibration, AttentionAndLosses) {
     optimized::draft_attention(q, k, v, in.anchors, s.S, s.bs, 64).backward(at::randn_like(q));
     att = scope.peak_delta();
   }
-  expect_within("sparse attention", double(att),
-                sparse_attention_bytes(s.B, s.nh, s.nkv, Q, s.S, s.hd, 64, 4, 4).bytes);
+  expect_within(
+      "sparse attention", double(att),
+      sparse_attention_bytes(AttentionSizes::of(c.drafter.shape, s.B, Q, s.S), 64, 4, 4).bytes);
   const int64_t H = s.H, V = s.V, M = layout.counted.sum().item<int64_t>();
   const at::Tensor D = at::randn({s.B, Q, H}).requires_grad_();
   auto loss_peak = [&](const LossFn& fn) {
@@ -146,8 +150,10 @@ TEST_P(Calibration, AttentionAndLosses) {
     return double(scope.peak_delta());
   };
   const int64_t C = std::min(s.chunk, M);
+  LossSizes z;
+  z.M = M, z.Ns = s.B * Q, z.H = H, z.V = V, z.C = C;
   expect_within("fused chunked loss", loss_peak(optimized::loss_and_metrics),
-                chunked_loss_bytes(M, s.B * Q, H, V, C, true, 4).bytes);
+                chunked_loss_bytes(z, true, 4).bytes);
   expect_within("chunked loss without recompute", loss_peak(no_recompute_loss()),
                 chunked_no_recompute_loss_bytes(M, V, C, true, 4).bytes);
   expect_within("unchunked loss", loss_peak(reference::loss_and_metrics),

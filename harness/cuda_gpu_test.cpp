@@ -105,7 +105,9 @@ TEST_F(Gpu, ChunkedLossUnderItsFormulaOnTheCudaProbe) {
       optimized::loss_and_metrics(c, D, Ht, W, l, a).loss.backward();
       peak = scope.peak_delta();
     }
-    const Formula f = chunked_loss_bytes(Q, Q, H, V, C, kl, 4, optimized::Kernels::kAten);
+    LossSizes z;
+    z.M = z.Ns = Q, z.H = H, z.V = V, z.C = C;
+    const Formula f = chunked_loss_bytes(z, kl, 4, optimized::Kernels::kAten);
     EXPECT_LE(double(peak), f.bytes * kSlack + kSlackBytes) << f.text << " measured " << peak;
     std::cout << "cuda loss measured/formula " << double(peak) / f.bytes << "\n";
   }
@@ -126,8 +128,9 @@ TEST_F(Gpu, SparseAttentionUnderItsFormulaOnTheCudaProbe) {
         .backward(at::randn({1, nh, Q, hd}, o));
     peak = scope.peak_delta();
   }
-  const Formula f =
-      sparse_attention_bytes(1, nh, nkv, Q, S, hd, T, 4, 4, optimized::Kernels::kAten);
+  AttentionSizes z;
+  z.nh = nh, z.nkv = nkv, z.Q = Q, z.S = S, z.hd = hd;
+  const Formula f = sparse_attention_bytes(z, T, 4, 4, optimized::Kernels::kAten);
   EXPECT_LE(double(peak), f.bytes * kSlack + kSlackBytes) << f.text << " measured " << peak;
   std::cout << "cuda attention measured/formula " << double(peak) / f.bytes << "\n";
 }

@@ -42,8 +42,9 @@ double aten_row_bytes(const LossTerms& t, double up, double a) {
 
 }  // namespace
 
-Formula chunked_loss_bytes(int64_t M, int64_t Ns, int64_t H, int64_t V, int64_t C,
-                           const LossTerms& terms, int64_t e, optimized::Kernels kernels) {
+Formula chunked_loss_bytes(const LossSizes& z, const LossTerms& terms, int64_t e,
+                           optimized::Kernels kernels) {
+  const int64_t M = z.M, Ns = z.Ns, H = z.H, V = z.V, C = z.C;
   const double k = terms.teacher ? 1 : 0;
   const double a = e == 8 ? 8 : 4, up = e < a ? a : 0;
   const bool aten = kernels == optimized::Kernels::kAten;
@@ -87,8 +88,16 @@ Formula unchunked_loss_bytes(int64_t Q, int64_t V, const LossTerms& terms, int64
                              terms.text())};
 }
 
-Formula sparse_attention_bytes(int64_t B, int64_t nh, int64_t nkv, int64_t Q, int64_t S, int64_t hd,
-                               int64_t T, int64_t e, int64_t a, optimized::Kernels kernels) {
+AttentionSizes AttentionSizes::of(const LayerShape& s, int64_t B, int64_t Q, int64_t S) {
+  AttentionSizes z;
+  z.B = B, z.Q = Q, z.S = S;
+  z.nh = s.num_attention_heads, z.nkv = s.num_key_value_heads, z.hd = s.head_dim;
+  return z;
+}
+
+Formula sparse_attention_bytes(const AttentionSizes& z, int64_t T, int64_t e, int64_t a,
+                               optimized::Kernels kernels) {
+  const int64_t B = z.B, nh = z.nh, nkv = z.nkv, Q = z.Q, S = z.S, hd = z.hd;
   const int64_t R = (nh / nkv) * Q;
   // Low-precision inputs also keep the output in acc precision for backward.
   const double outputs = double(e) * double(2 * B * nh * Q * hd + 2 * B * nkv * (S + Q) * hd) +
@@ -103,13 +112,12 @@ Formula sparse_attention_bytes(int64_t B, int64_t nh, int64_t nkv, int64_t Q, in
                       aten ? " + R T" : "", R, optimized::kernels_name(kernels))};
 }
 
-Formula target_attention_bytes(int64_t B, int64_t nh, int64_t nkv, int64_t S, int64_t hd, int64_t q,
-                               int64_t e) {
+Formula target_attention_bytes(const AttentionSizes& z, int64_t e) {
+  const int64_t B = z.B, nh = z.nh, S = z.S, hd = z.hd, q = z.Q;
   // Per chunk (reference::masked_attention over keys [0, q0 + q)): K and V
   // repeated to the nh heads, the causal mask (bool, shared by the batch)
   // and its fp32 copy per row, three fp32 (B, nh, q, S) score tensors alive
   // at once; chunked, the chunks' outputs and their concatenation.
-  (void)nkv;
   const double rows = double(q) * double(S);
   const double bytes = 2.0 * double(e * B * nh * S * hd) + rows * (1.0 + 4.0 * double(B)) +
                        12.0 * double(B * nh) * rows;
@@ -123,8 +131,8 @@ Formula dense_scores_one_copy(int64_t B, int64_t nh, int64_t Q, int64_t S) {
           fmt::format("4 B nh Q (S+Q) = fp32 [{}, {}, {}, {}]", B, nh, Q, S + Q)};
 }
 
-Formula dense_attention_saved_bytes(int64_t B, int64_t nh, int64_t nkv, int64_t Q, int64_t S,
-                                    int64_t hd, int64_t e) {
+Formula dense_attention_saved_bytes(const AttentionSizes& z, int64_t e) {
+  const int64_t B = z.B, nh = z.nh, nkv = z.nkv, Q = z.Q, S = z.S, hd = z.hd;
   // Beyond what the sparse path saves (its q/k/v copies, output and lse are
   // in layer_activation_bytes): K and V repeated to the nh heads, minus the
   // sparse path's own q and output copies.
@@ -149,8 +157,8 @@ Formula mlp_share_bytes(int64_t B, int64_t Q, int64_t H, int64_t I, int64_t e) {
   return {double(e) * (2.2 * double(B * Q * I) + 2.0 * double(B * Q * H)), "e(2.2BQI + 2BQH)"};
 }
 
-Formula checkpointed_saved_bytes(int64_t layers, int64_t B, int64_t Q, int64_t S, int64_t H,
-                                 int64_t hd, int64_t e) {
+Formula checkpointed_saved_bytes(int64_t layers, const AttentionSizes& z, int64_t H, int64_t e) {
+  const int64_t B = z.B, Q = z.Q, S = z.S, hd = z.hd;
   return {double((layers + 3) * B * Q * H * e) + double(2 * B * (S + Q) * hd * e),
           fmt::format("(layers+3) BQHe + 2B(S+Q) hd e, layers={}", layers)};
 }

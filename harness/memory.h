@@ -46,8 +46,14 @@ struct LossTerms {
 // JSD mixture (two row slices) (fp32 temporaries, up = a when e < a for
 // the upcast student logits, bytes for the masks); measured,
 // harness/memory_test.cpp.
-Formula chunked_loss_bytes(int64_t M, int64_t Ns, int64_t H, int64_t V, int64_t C,
-                           const LossTerms& terms, int64_t e,
+// The sizes of one fused loss call.
+struct LossSizes {
+  int64_t M = 0;   // weighted rows
+  int64_t Ns = 0;  // student rows (the hidden states it reads)
+  int64_t H = 0, V = 0;
+  int64_t C = 0;  // chunk rows
+};
+Formula chunked_loss_bytes(const LossSizes& z, const LossTerms& terms, int64_t e,
                            optimized::Kernels kernels = optimized::Kernels::kHost);
 // Plain autograd per chunk (no recomputation): every chunk's logits and, in
 // fp32, the arrays autograd saves for the terms stay alive until backward,
@@ -62,12 +68,23 @@ Formula chunked_no_recompute_loss_bytes(int64_t Q, int64_t V, int64_t C, const L
 // mixture), plus the low-precision logits when e < 4.
 Formula unchunked_loss_bytes(int64_t Q, int64_t V, const LossTerms& terms, int64_t e);
 
+// The sizes of one attention: B sequences, nh query heads over nkv
+// key/value heads of hd, Q query rows and S positions before them (the
+// drafter's keys are the S context positions and the Q block positions; the
+// target's are S positions, read Q query rows at a time).
+struct AttentionSizes {
+  int64_t B = 1, nh = 1, nkv = 1, Q = 0, S = 0, hd = 0;
+  // A layer of shape `s`: B rows, Q queries, S positions.
+  static AttentionSizes of(const LayerShape& s, int64_t B, int64_t Q, int64_t S);
+};
+
 // Block-sparse attention, forward + backward, per call. R = (nh/nkv) Q.
 //   e(2 B nh Q hd + 2 B nkv (S+Q) hd) + a B nh Q + (3e+3a) R hd + 2a (S+Q) hd
 //   + 2a R min(T, S+Q), plus a B nh Q hd (the acc-precision output) when e < a,
 //   plus R min(T, S+Q) (the tile's visibility mask) for the ATen twin.
-Formula sparse_attention_bytes(int64_t B, int64_t nh, int64_t nkv, int64_t Q, int64_t S, int64_t hd,
-                               int64_t T, int64_t e, int64_t a,
+// T the key tile, e and a the bytes per element of the inputs and of the
+// accumulation.
+Formula sparse_attention_bytes(const AttentionSizes& z, int64_t T, int64_t e, int64_t a,
                                optimized::Kernels kernels = optimized::Kernels::kHost);
 // Dense masked attention: the (B, nh, Q, S+Q) fp32 score matrix; per layer
 // autograd keeps about 2.4 copies of it (scores, softmax, masked probs) and,
@@ -75,13 +92,11 @@ Formula sparse_attention_bytes(int64_t B, int64_t nh, int64_t nkv, int64_t Q, in
 // is what a layer keeps beyond the sparse path's saved tensors.
 Formula dense_scores_one_copy(int64_t B, int64_t nh, int64_t Q, int64_t S);
 
-// One layer of dflash's own target attention (no grad) over S positions,
-// q query rows at a time (q = S: dense, reference::target_forward; q < S:
+// One layer of dflash's own target attention (no grad) over z.S positions,
+// z.Q query rows at a time (Q >= S: dense, reference::target_forward; Q < S:
 // optimized::target_forward), e bytes per element of q, k, v.
-Formula target_attention_bytes(int64_t B, int64_t nh, int64_t nkv, int64_t S, int64_t hd, int64_t q,
-                               int64_t e);
-Formula dense_attention_saved_bytes(int64_t B, int64_t nh, int64_t nkv, int64_t Q, int64_t S,
-                                    int64_t hd, int64_t e);
+Formula target_attention_bytes(const AttentionSizes& z, int64_t e);
+Formula dense_attention_saved_bytes(const AttentionSizes& z, int64_t e);
 
 // Activations one drafter layer keeps for backward without checkpointing:
 //   e(6.5 BQH + 6 BQ nh hd + 2.2 BQI + 0.5 B(S+Q)H + 5 B(S+Q) nkv hd)
@@ -94,8 +109,7 @@ Formula mlp_share_bytes(int64_t B, int64_t Q, int64_t H, int64_t I, int64_t e);
 // What a checkpointed drafter forward keeps: every layer's input and the
 // output, the embeddings and the final norm's input ((layers + 3) BQHe), and
 // the keys' RoPE tables (2 B (S+Q) hd e). The context is counted apart.
-Formula checkpointed_saved_bytes(int64_t layers, int64_t B, int64_t Q, int64_t S, int64_t H,
-                                 int64_t hd, int64_t e);
+Formula checkpointed_saved_bytes(int64_t layers, const AttentionSizes& z, int64_t H, int64_t e);
 // The context projection and its RMSNorm, saved for backward: 3 BSHe.
 Formula context_bytes(int64_t B, int64_t S, int64_t H, int64_t e);
 

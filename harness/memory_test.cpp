@@ -63,7 +63,9 @@ TEST_P(MemoryCeiling, ChunkedLossUnderItsFormula) {
            {512, 64, 4096, 64, true}, {1024, 32, 8192, 128, false}, {256, 128, 2048, 100, true}}) {
     LossSetup s = loss_setup(Q, H, V, C, kl, GetParam());
     const int64_t peak = loss_peak(s);
-    const Formula f = chunked_loss_bytes(Q, Q, H, V, C, kl, 4, GetParam());
+    LossSizes z;
+    z.M = z.Ns = Q, z.H = H, z.V = V, z.C = C;
+    const Formula f = chunked_loss_bytes(z, kl, 4, GetParam());
     EXPECT_LE(double(peak), f.bytes * kSlack + kSlackBytes) << f.text << " measured " << peak;
     if (std::getenv("DFLASH_VERBOSE"))
       std::cout << "measured/formula " << double(peak) / f.bytes << "\n";
@@ -115,7 +117,9 @@ TEST_P(MemoryCeiling, SparseAttentionUnderItsFormula) {
            {512, 8, 8, 2, 32, 64}, {1024, 16, 4, 4, 16, 128}, {256, 4, 8, 1, 64, 32}}) {
     AttnSetup s = attn_setup(S, N, nh, nkv, hd);
     const int64_t peak = attn_peak(s, T, GetParam());
-    const Formula f = sparse_attention_bytes(1, nh, nkv, N * 16, S, hd, T, 4, 4, GetParam());
+    AttentionSizes z;
+    z.nh = nh, z.nkv = nkv, z.Q = N * 16, z.S = S, z.hd = hd;
+    const Formula f = sparse_attention_bytes(z, T, 4, 4, GetParam());
     EXPECT_LE(double(peak), f.bytes * kSlack + kSlackBytes) << f.text << " measured " << peak;
     if (std::getenv("DFLASH_VERBOSE"))
       std::cout << "measured/formula " << double(peak) / f.bytes << "\n";
@@ -163,12 +167,13 @@ void expect_under(const char* what, const ObjectiveRow& o, int64_t peak, const F
 
 TEST_P(MemoryCeiling, EveryObjectiveUnderItsFormula) {
   const int64_t Q = 512, H = 64, V = 4096, C = 64;
+  LossSizes z;
+  z.M = z.Ns = Q, z.H = H, z.V = V, z.C = C;
   for (const ObjectiveRow& o : kObjectiveRows) {
     LossSetup s = loss_setup(Q, H, V, C, true, GetParam());
     set_objective(s.cfg.loss, o);
     const int64_t peak = loss_peak(s);
-    expect_under("fused", o, peak,
-                 chunked_loss_bytes(Q, Q, H, V, C, LossTerms::of(s.cfg.loss), 4, GetParam()));
+    expect_under("fused", o, peak, chunked_loss_bytes(z, LossTerms::of(s.cfg.loss), 4, GetParam()));
   }
 }
 
@@ -227,7 +232,8 @@ TEST(MemoryCeilingStep, CheckpointedLayersKeepOnlyTheirInputs) {
   };
   const int64_t Q = l.noise_ids.size(1);
   const double f_bytes =
-      checkpointed_saved_bytes(3, 2, Q, 64, 64, 16, 4).bytes + context_bytes(2, 64, 64, 4).bytes;
+      checkpointed_saved_bytes(3, AttentionSizes::of(c.drafter.shape, 2, Q, 64), 64, 4).bytes +
+      context_bytes(2, 64, 64, 4).bytes;
   const Formula f{f_bytes, "checkpointed_saved_bytes + context_bytes"};
   const int64_t ck = held(true), plain = held(false);
   EXPECT_LE(double(ck), f.bytes * kSlack + kSlackBytes) << f.text << " measured " << ck;

@@ -71,18 +71,16 @@ std::vector<PlanItem> drafter_items(const Config& c, const PlanVariant& v, int64
   const Formula ctx = context_bytes(B, S, H, e);
   it.push_back({"context projection (saved)", ctx.bytes, K::kSaved, ctx.text});
   const Formula layer = layer_activation_bytes(B, Q, S, s, e);
-  const Formula dense = dense_attention_saved_bytes(B, s.num_attention_heads, s.num_key_value_heads,
-                                                    Q, S, s.head_dim, e);
-  const Formula sparse =
-      sparse_attention_bytes(B, s.num_attention_heads, s.num_key_value_heads, Q, S, s.head_dim,
-                             c.optimized.attention_tile, e, a, v.kernels);
+  const AttentionSizes z = AttentionSizes::of(s, B, Q, S);
+  const Formula dense = dense_attention_saved_bytes(z, e);
+  const Formula sparse = sparse_attention_bytes(z, c.optimized.attention_tile, e, a, v.kernels);
   // The attention backward runs after the layer's MLP backward has freed
   // the MLP's activations.
   const double mlp = mlp_share_bytes(B, Q, H, s.intermediate_size, e).bytes;
   const double attention_bwd =
       std::max(0.0, (v.dense_attention ? dense.bytes : sparse.bytes) - mlp);
   if (v.checkpoint) {
-    const Formula ck = checkpointed_saved_bytes(Nd, B, Q, S, H, s.head_dim, e);
+    const Formula ck = checkpointed_saved_bytes(Nd, z, H, e);
     it.push_back({"layer inputs (checkpointed)", ck.bytes, K::kSaved, ck.text});
     it.push_back({"recompute of one layer + its attention backward", layer.bytes + attention_bwd,
                   K::kBackwardTransient,
@@ -104,9 +102,11 @@ std::vector<PlanItem> drafter_items(const Config& c, const PlanVariant& v, int64
   }
   const int64_t C = c.loss.chunk_size > 0 ? std::min(c.loss.chunk_size, B * Q) : B * Q;
   const LossTerms kl = LossTerms::of(c.loss);
+  LossSizes ls;  // every row of the B x Q drafted positions
+  ls.M = ls.Ns = B * Q, ls.H = H, ls.V = V, ls.C = C;
   Formula loss;
   if (v.loss == LossMode::kFused)
-    loss = chunked_loss_bytes(B * Q, B * Q, H, V, C, kl, e, v.kernels);
+    loss = chunked_loss_bytes(ls, kl, e, v.kernels);
   else if (v.loss == LossMode::kChunkedNoRecompute)
     loss = chunked_no_recompute_loss_bytes(B * Q, V, C, kl, e);
   else
@@ -132,7 +132,7 @@ TargetAttentionBytes target_attention_of(const Config& c, TargetAttention a) {
     return {double(4 * B * nh * S), "tiled attention", "4 B nh S"};
   const bool chunked = a == TargetAttention::kQueryChunked && chunk > 0 && chunk < S;
   const int64_t q = chunked ? chunk : S;
-  const Formula f = target_attention_bytes(B, nh, t.num_key_value_heads, S, t.head_dim, q, e);
+  const Formula f = target_attention_bytes(AttentionSizes::of(t, B, q, S), e);
   return {f.bytes, chunked ? fmt::format("query-chunked attention, {} rows", q) : "dense attention",
           f.text};
 }

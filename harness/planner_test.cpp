@@ -127,24 +127,28 @@ TEST(Planner, OomAgainstCapacityMinusReserve) {
   EXPECT_NEAR(p.ranks[7].headroom / 1e9, -0.5, 1e-6);
 }
 
+// Q = 1024 rows, every one weighted, H = 32, V = 8192, chunk 64.
+LossSizes hand_loss() {
+  LossSizes z;
+  z.M = z.Ns = 1024, z.H = 32, z.V = 8192, z.C = 64;
+  return z;
+}
+
 TEST(Planner, FusedLossByHand) {
-  // Q = 1024 rows, H = 32, V = 8192, chunk 64, KL on, fp32:
-  // NsHe + 2CVe + 3CHe + 56M = 131072 + 4194304 + 24576 + 57344.
-  EXPECT_DOUBLE_EQ(chunked_loss_bytes(1024, 1024, 32, 8192, 64, true, 4).bytes,
+  // KL on, fp32: NsHe + 2CVe + 3CHe + 56M = 131072 + 4194304 + 24576 + 57344.
+  EXPECT_DOUBLE_EQ(chunked_loss_bytes(hand_loss(), true, 4).bytes,
                    131072.0 + 4194304 + 24576 + 57344);
 }
 
 // The ATen twin's row work on top (bf16: up = 4, a = 4): CV(up + 3a + 1)
 // with the KL, CV(up + a) without.
 TEST(Planner, FusedLossOfTheAtenKernelsByHand) {
-  const double host = chunked_loss_bytes(1024, 1024, 32, 8192, 64, true, 2).bytes;
-  EXPECT_DOUBLE_EQ(
-      chunked_loss_bytes(1024, 1024, 32, 8192, 64, true, 2, optimized::Kernels::kAten).bytes,
-      host + 64.0 * 8192 * (4 + 12 + 1));
-  const double host_ce = chunked_loss_bytes(1024, 1024, 32, 8192, 64, false, 4).bytes;
-  EXPECT_DOUBLE_EQ(
-      chunked_loss_bytes(1024, 1024, 32, 8192, 64, false, 4, optimized::Kernels::kAten).bytes,
-      host_ce + 64.0 * 8192 * 4);
+  const double host = chunked_loss_bytes(hand_loss(), true, 2).bytes;
+  EXPECT_DOUBLE_EQ(chunked_loss_bytes(hand_loss(), true, 2, optimized::Kernels::kAten).bytes,
+                   host + 64.0 * 8192 * (4 + 12 + 1));
+  const double host_ce = chunked_loss_bytes(hand_loss(), false, 4).bytes;
+  EXPECT_DOUBLE_EQ(chunked_loss_bytes(hand_loss(), false, 4, optimized::Kernels::kAten).bytes,
+                   host_ce + 64.0 * 8192 * 4);
 }
 
 // A CUDA config is planned with the kernels it will run (aten) and the

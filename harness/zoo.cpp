@@ -423,7 +423,9 @@ MemoryVerdict attention_memory_check(const AttentionFn& attention, optimized::Ke
     attention(q, k, v, a, S, bs, T, kernels).backward(at::randn({1, nh, Q, hd}));
     peak = scope.peak_delta();
   }
-  const Formula f = sparse_attention_bytes(1, nh, nkv, Q, S, hd, T, 4, 4, kernels);
+  AttentionSizes z;
+  z.nh = nh, z.nkv = nkv, z.Q = Q, z.S = S, z.hd = hd;
+  const Formula f = sparse_attention_bytes(z, T, 4, 4, kernels);
   const double ceiling = f.bytes * 1.15 + 256 * 1024;
   return {double(peak) <= ceiling, double(peak), ceiling, f.text};
 }
@@ -445,7 +447,9 @@ MemoryVerdict loss_memory_check(const LossFn& loss, optimized::Kernels kernels) 
     loss(c, D, Ht, W, l, a).loss.backward();
     peak = scope.peak_delta();
   }
-  const Formula f = chunked_loss_bytes(Q, Q, H, V, C, true, 4, kernels);
+  LossSizes z;
+  z.M = z.Ns = Q, z.H = H, z.V = V, z.C = C;
+  const Formula f = chunked_loss_bytes(z, true, 4, kernels);
   const double ceiling = f.bytes * 1.15 + 256 * 1024;
   return {double(peak) <= ceiling, double(peak), ceiling, f.text};
 }
