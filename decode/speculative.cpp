@@ -214,16 +214,14 @@ DecodeResult greedy_decode(const Config& c, const TargetWeights& target,
   Decoding d(c, target, prompt, o, "greedy decoding");
   DecodeResult& res = d.res;
   if (d.allowed <= 0) return res;
-  const int64_t allowed = d.allowed;
-  TargetCache& tc = d.tc;
-  int64_t next = prefill(tc, prompt, res).choice[-1].item<int64_t>();
+  int64_t next = prefill(d.tc, prompt, res).choice[-1].item<int64_t>();
   for (;;) {
     res.tokens.push_back(next);
-    if (int64_t(res.tokens.size()) >= allowed || next == o.stop_token) break;
+    if (int64_t(res.tokens.size()) >= d.allowed || next == o.stop_token) break;
     const double t1 = now();
-    const int64_t pos = tc.length();
-    next = verify(tc, {next}, {pos}, {}).choice[0].item<int64_t>();
-    tc.commit({0});
+    const int64_t pos = d.tc.length();
+    next = verify(d.tc, {next}, {pos}, {}).choice[0].item<int64_t>();
+    d.tc.commit({0});
     ++res.target_forwards;
     res.target_s += now() - t1;
   }
@@ -236,22 +234,20 @@ DecodeResult speculative_decode(const Config& c, const TargetWeights& target, Dr
   Decoding d(c, target, prompt, o, "speculative decoding");
   DecodeResult& res = d.res;
   if (d.allowed <= 0) return res;
-  const int64_t allowed = d.allowed;
-  TargetCache& tc = d.tc;
-  Verified out = prefill(tc, prompt, res);
+  Verified out = prefill(d.tc, prompt, res);
   double t1 = now();
   drafter.extend(out.taps);
   res.drafter_s += now() - t1;
   int64_t next = out.choice[-1].item<int64_t>();  // the first bonus token: the anchor
   res.tokens.push_back(next);
-  while (int64_t(res.tokens.size()) < allowed && next != o.stop_token) {
-    const int64_t p = tc.length();  // the anchor's position: context is [0, p)
+  while (int64_t(res.tokens.size()) < d.allowed && next != o.stop_token) {
+    const int64_t p = d.tc.length();  // the anchor's position: context is [0, p)
     TORCH_CHECK(drafter.context_length() == p, "speculative decoding: the drafter's context has ",
                 drafter.context_length(), " positions, the anchor is at ", p,
                 " (SPEC step 7: exactly the positions before the anchor)");
     // The bonus token needs one place, the proposal the rest.
     const int64_t slots =
-        std::min<int64_t>(o.block_size - 1, allowed - int64_t(res.tokens.size()) - 1);
+        std::min<int64_t>(o.block_size - 1, d.allowed - int64_t(res.tokens.size()) - 1);
     t1 = now();
     DraftTree tree;  // budget 0: the greedy chain (block decoding)
     if (slots > 0) tree = build_tree(drafter.propose(next, slots), o.tree_budget);
@@ -260,12 +256,12 @@ DecodeResult speculative_decode(const Config& c, const TargetWeights& target, Dr
     std::vector<int64_t> toks = {next}, pos = {p};
     for (int64_t i = 0; i < tree.size(); ++i)
       toks.push_back(tree.token[size_t(i)]), pos.push_back(p + tree.depth[size_t(i)]);
-    out = verify(tc, toks, pos,
+    out = verify(d.tc, toks, pos,
                  o.tree_budget > 0 ? ancestor_mask(tree) : at::Tensor());  // block: causal
     const std::vector<int64_t> path = accept_path(tree, out.choice, o.stop_token);
     std::vector<int64_t> rows = {0};
     for (int64_t n : path) rows.push_back(n + 1), res.tokens.push_back(tree.token[size_t(n)]);
-    tc.commit(rows);
+    d.tc.commit(rows);
     ++res.target_forwards;
     res.target_s += now() - t1;
     res.accepted.push_back(int64_t(path.size()));
