@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <deque>
 #include <limits>
 #include <nlohmann/json.hpp>
 
@@ -53,8 +54,7 @@ void shape_rows(std::vector<Row>& v, bool target) {
   const unsigned hf = target ? kFromHf : 0;
   auto row = [&](const char* name, Type t, void* (*at_target)(Config&),
                  void* (*at_drafter)(Config&), Need n, Range r, const char* doc) {
-    static std::vector<std::string> keys;  // owns the composed keys
-    keys.reserve(32);
+    static std::deque<std::string> keys;  // owns the composed keys (never moved)
     keys.push_back(std::string(target ? "target." : "drafter.") + name);
     v.push_back({keys.back().c_str(), t, target ? at_target : at_drafter, n, r, doc, hf});
   };
