@@ -289,10 +289,9 @@ void read_field(Section& s, const ConfigField& f, Config& c, const Config& dflt,
 // Every key of [section] (config_fields()).
 void read_fields(Section& s, const std::string& section, Config& c, const Config& dflt, bool hf,
                  const std::string& label) {
+  const std::string prefix = section + ".";
   for (const ConfigField& f : config_fields())
-    if (f.need != ConfigField::Need::kHfOnly &&
-        std::strchr(f.key, '.') - f.key == ptrdiff_t(section.size()) &&
-        section.compare(0, section.size(), f.key, section.size()) == 0)
+    if (f.need != ConfigField::Need::kHfOnly && std::string(f.key).rfind(prefix, 0) == 0)
       read_field(s, f, c, dflt, hf, label);
 }
 

@@ -7,7 +7,6 @@
 #include <cmath>
 #include <cstring>
 #include <deque>
-#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "core/config.h"
@@ -19,7 +18,6 @@ using Type = ConfigField::Type;
 using Need = ConfigField::Need;
 using Range = std::optional<ConfigRange>;
 
-constexpr double kNoLimit = std::numeric_limits<double>::infinity();
 constexpr int64_t kTera = 1'000'000'000'000;
 
 Range ints(int64_t lo, int64_t hi) {

@@ -4,8 +4,12 @@
 
 #include <gtest/gtest.h>
 
+#include "fixtures/test_support.h"
+
 namespace dflash::optimized {
 namespace {
+
+using testing_support::error_of;
 
 struct Region {
   at::Tensor w1, w2;  // parameters (leaves)
@@ -55,15 +59,6 @@ TEST(Checkpoint, RngStateIsReplayedInRecompute) {
   for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(at::allclose(a[i], b[i], 0, 1e-14)) << i;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
-}
-
 auto body(const Region& r) {
   return [&r](const std::vector<at::Tensor>& g, const std::vector<at::Tensor>&) {
     return r.fwd(g[0], g[0], false);
@@ -96,7 +91,7 @@ TEST(Checkpoint, ThrowsOnDetachedActivation) {
                   .sum()
                   .backward();
             }),
-            "");
+            "(no error)");
 }
 
 TEST(Checkpoint, ThrowsOnParameterWithoutGrad) {
@@ -155,16 +150,17 @@ TEST(Checkpoint, NoGradRunsPlainForward) {
   const at::Tensor plain = r.fwd(x, ctx, true);
   const at::Tensor plain_next = at::rand({3}, at::kDouble);
   at::manual_seed(5);
-  const at::Tensor out = checkpoint(
-      {"eval", {{"hidden", x}, {"ctx", ctx}}, {}, {{"w1", r.w1}, {"w2", r.w2}}},
-      [&r](const std::vector<at::Tensor>& g, const std::vector<at::Tensor>&) {
-        return r.fwd(g[0], g[1], true);
-      });
+  const at::Tensor out =
+      checkpoint({"eval", {{"hidden", x}, {"ctx", ctx}}, {}, {{"w1", r.w1}, {"w2", r.w2}}},
+                 [&r](const std::vector<at::Tensor>& g, const std::vector<at::Tensor>&) {
+                   return r.fwd(g[0], g[1], true);
+                 });
   const at::Tensor next = at::rand({3}, at::kDouble);
   EXPECT_FALSE(out.requires_grad());
   EXPECT_FALSE(out.grad_fn());
   EXPECT_TRUE(at::equal(out, plain)) << (out - plain).abs().max().item<double>();
-  EXPECT_TRUE(at::equal(next, plain_next)) << "the generator is not where the plain forward left it";
+  EXPECT_TRUE(at::equal(next, plain_next))
+      << "the generator is not where the plain forward left it";
 }
 
 }  // namespace

@@ -427,15 +427,17 @@ DFLASH_INLINE void one_row(const LossRows& a, int64_t r) {
     const Acc mt = row_max<T, Acc>(zt, V).value;
     const Acc lse_st = same_t ? lse : log_sum_exp_shifted<T, Acc>(zs, V, ms.value, inv_t);
     const Acc lse_tt = log_sum_exp_shifted<T, Acc>(zt, V, mt, inv_t);
-    const double b = a.obj.jsd_beta;
-    RowLogs<Acc> lg;
+    RowLogs<Acc> lg{};
     lg.ms = ms.value, lg.mt = mt, lg.lse = lse, lg.lse_st = lse_st, lg.lse_tt = lse_tt;
     lg.inv_t = inv_t;
-    lg.log_beta = plan.jsd_mid ? Acc(std::log(b)) : Acc(0);
-    lg.log_1m_beta = plan.jsd_mid ? Acc(std::log1p(-b)) : Acc(0);
-    lg.beta = Acc(b), lg.one_m_beta = Acc(1 - b);
-    lg.d_star = -lse_st - (inv_t * (load(zt, ms.index) - mt) - lse_tt);
-    if (plan.general()) return general_row<T, Acc>(a, r, zs, zt, label, lg, w, same_t);
+    if (plan.general()) {  // the general terms' logs: only they read them
+      const double b = a.obj.jsd_beta;
+      lg.log_beta = plan.jsd_mid ? Acc(std::log(b)) : Acc(0);
+      lg.log_1m_beta = plan.jsd_mid ? Acc(std::log1p(-b)) : Acc(0);
+      lg.beta = Acc(b), lg.one_m_beta = Acc(1 - b);
+      lg.d_star = -lse_st - (inv_t * (load(zt, ms.index) - mt) - lse_tt);
+      return general_row<T, Acc>(a, r, zs, zt, label, lg, w, same_t);
+    }
     // CE + forward KL only: one fused pass.
     Acc kl;
     if (!a.want_grad)
