@@ -108,18 +108,41 @@ fi
 # (numpy is what the package converts through), and Hugging Face
 # `transformers` for cli.hf_qwen3_interop (its Qwen3ForCausalLM loads the
 # shipped real-text target unchanged).
+# pytest runs the Python tests under ctest; `tensorboard` brings the event
+# reader that checks the run's TensorBoard files (train.tensorboard).
 install_python_extras() {
-  "$torch_env/bin/python" -c "import safetensors, numpy, transformers, sys
+  "$torch_env/bin/python" -c "import safetensors, numpy, transformers, pytest, tensorboard, sys
 sys.exit(safetensors.__version__ != '0.8.0' or numpy.__version__ != '2.4.6' or
-         transformers.__version__ != '5.25.0')" 2>/dev/null && return 0
-  echo "bootstrap: installing safetensors==0.8.0 numpy==2.4.6 transformers==5.25.0 into $torch_env"
+         transformers.__version__ != '5.25.0' or pytest.__version__ != '9.2.0' or
+         tensorboard.__version__ != '2.21.0')" 2>/dev/null && return 0
+  echo "bootstrap: installing safetensors==0.8.0 numpy==2.4.6 transformers==5.25.0" \
+       "pytest==9.2.0 tensorboard==2.21.0 into $torch_env"
   "$torch_env/bin/pip" install --disable-pip-version-check -q safetensors==0.8.0 numpy==2.4.6 \
-    transformers==5.25.0 > /tmp/dflash-pip.log 2>&1 || { tail -20 /tmp/dflash-pip.log; exit 1; }
+    transformers==5.25.0 pytest==9.2.0 tensorboard==2.21.0 > /tmp/dflash-pip.log 2>&1 \
+    || { tail -20 /tmp/dflash-pip.log; exit 1; }
+}
+
+# speculators 0.9.0 (vLLM's library for speculators) for the serving interop
+# test (decode/export_interop_test.py). Its full dependency set pins another
+# torch and an older transformers, so it goes beside the torch environment,
+# not into it: --no-deps into its own directory, with the two light packages
+# its DFlash model imports (loguru, hs-connectors); the test puts that
+# directory after the torch environment on sys.path.
+install_speculators() {
+  local dir="${DFLASH_SPECULATORS_ENV:-$HOME/.cache/dflash/speculators-0.9.0}"
+  [ -f "$dir/.dflash-complete" ] && return 0
+  echo "bootstrap: installing speculators==0.9.0 (no dependencies) into $dir"
+  rm -rf "$dir"
+  "$torch_env/bin/pip" install --disable-pip-version-check -q --no-deps --target "$dir" \
+    speculators==0.9.0 loguru==0.7.3 hs-connectors==0.9.0 > /tmp/dflash-pip.log 2>&1 \
+    || { tail -20 /tmp/dflash-pip.log; rm -rf "$dir"; exit 1; }
+  touch "$dir/.dflash-complete"
 }
 
 install_debian_packages
 install_torch
 install_python_extras
+install_speculators
 
 # Configure once (again when the cache is missing or points at another torch),
 # then build.

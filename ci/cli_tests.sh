@@ -91,12 +91,17 @@ case "$case_name" in
     # file: step, dump and audit run the fixture target and batch, so they
     # refuse it naming the key instead of silently replacing both.
     train=fixtures/configs/tiny-train.toml
-    for cmd in "step --config $train" "dump --config $train --out $tmp/x.safetensors" \
-               "audit --config $train"; do
+    # (dump takes a Hugging Face target, with fixture or inline rows: it
+    # refuses the run's data instead.)
+    for cmd in "step --config $train" "audit --config $train"; do
       if "$dflash" $cmd > "$tmp/err.txt" 2>&1; then echo "accepted: dflash $cmd"; exit 1; fi
       grep -q "$train: target.source = \"hf\"" "$tmp/err.txt" ||
         { echo "dflash $cmd:"; cat "$tmp/err.txt"; exit 1; }
     done
+    if "$dflash" dump --config $train --out $tmp/x.safetensors > "$tmp/err.txt" 2>&1; then
+      echo "accepted: dflash dump --config $train"; exit 1
+    fi
+    grep -q "$train: data.source = \"self_distill\"" "$tmp/err.txt" || { cat "$tmp/err.txt"; exit 1; }
     [ ! -e "$tmp/x.safetensors" ]
     sed '/^\[data\]/,/^\[loss\]/ s/^source = "fixture"$/source = "jsonl"\npath = "rows.jsonl"/' \
       "$tiny" > "$tmp/data.toml"

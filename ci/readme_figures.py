@@ -37,7 +37,7 @@ FIGURES = [
     Figure("held-out tau at step 0", TAU, 1, "train", rf"held-out tau {NUM} -> {NUM}", 1),
     Figure("held-out tau at the end", TAU, 2, "train", rf"held-out tau {NUM} -> {NUM}", 2),
     Figure("slot-1 accuracy at the end", rf"slot-1 accuracy {NUM} to {NUM}", 2, "train",
-           rf"eval @ \d+: loss {NUM}  tau {NUM}  accuracy \[{NUM}, {NUM}", 4),
+           rf"eval @ \d+: loss {NUM}  tau {NUM}  accuracy of slots 1-\d+ \[{NUM}", 3),
     Figure("held-out loss at the end", rf"loss {NUM} to {NUM}:", 2, "train",
            rf"eval @ \d+: loss {NUM} ", 1, rel_tol=0.005),
     Figure("served acceptance at the end",

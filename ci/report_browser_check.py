@@ -8,6 +8,7 @@ usage: report_browser_check.py REPORT.html OUT_DIR
 Exit 0 when every check holds; otherwise each failed check is printed.
 Standard library only: the PNG is decoded here (zlib + the five filters).
 """
+import math
 import os
 import re
 import shutil
@@ -74,6 +75,44 @@ def near(px, rgb, tol=40):
     return all(abs(px[i] - rgb[i]) <= tol for i in range(3))
 
 
+def ticks(svg, axis):
+    """[(value, pixel)] of one axis' tick labels, and the axis' data-scale."""
+    g = re.search(r'<g class="%s-ticks"([^>]*)>(.*?)</g>' % axis, svg, re.S)
+    if not g:
+        return [], None
+    scale = re.search(r'data-scale="(\w+)"', g.group(1))
+    coord = "y" if axis == "y" else "x"
+    out = [(float(v), float(p)) for p, v in re.findall(
+        r'<text class="tick" [^>]*?%s="([0-9.]+)"[^>]*>([-0-9.e+]+)</text>' % coord, g.group(2))]
+    return out, scale.group(1) if scale else None
+
+
+def axis_failures(svgs, titles):
+    """Every chart has value ticks on both axes; the loss chart's y axis is
+    logarithmic (its ticks are 1, 2 or 5 times powers of ten, placed at
+    equal distances per factor of ten); points carry their value on hover."""
+    failures = []
+    for title, svg in zip(titles, svgs):
+        ys, scale = ticks(svg, "y")
+        xs, _ = ticks(svg, "x")
+        if len(ys) < 3 or len(xs) < 3:
+            failures.append("chart %r: %d y ticks, %d x ticks with values (want >= 3 each)"
+                            % (title, len(ys), len(xs)))
+        if "<title>" not in svg:
+            failures.append("chart %r: no value on hover (<title> on its points)" % title)
+        if title.startswith("loss"):
+            if scale != "log" or "log scale" not in title:
+                failures.append("the loss chart is not on a log axis (%r, %s)" % (title, scale))
+                continue
+            mantissas = {round(v / 10 ** math.floor(math.log10(v)), 6) for v, _ in ys}
+            per_decade = {round((p1 - p2) / (math.log10(v2) - math.log10(v1)), 1)
+                          for (v1, p1), (v2, p2) in zip(ys, ys[1:])}
+            if not mantissas <= {1.0, 2.0, 5.0} or max(per_decade) - min(per_decade) > 1.0:
+                failures.append("loss ticks not logarithmic: values %s, pixels per decade %s"
+                                % ([v for v, _ in ys], sorted(per_decade)))
+    return failures
+
+
 def main():
     report, out = os.path.abspath(sys.argv[1]), sys.argv[2]
     os.makedirs(out, exist_ok=True)
@@ -90,6 +129,7 @@ def main():
             failures.append("no chart titled %r in the DOM (charts: %s)" % (want, titles))
     if len(drawn) < 7:
         failures.append("%d of %d charts draw a line (want >= 7)" % (len(drawn), len(svgs)))
+    failures += axis_failures(svgs, titles)
     samples = dom.count('class="sample"')
     blocks = dom.count('class="block"')
     rows = re.findall(r'<tr class="block">.*?</tr>', dom, re.S)

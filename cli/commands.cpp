@@ -13,6 +13,7 @@
 #include "core/env.h"
 #include "core/safetensors.h"
 #include "core/step.h"
+#include "decode/export.h"
 #include "dist/cluster.h"
 #include "dist/split_loop.h"
 #include "fixtures/fixtures.h"
@@ -20,6 +21,7 @@
 #include "harness/dump_check.h"
 #include "harness/memory_guard.h"
 #include "harness/step_dump.h"
+#include "models/hf.h"
 #include "optimized/step.h"
 #include "reference/step.h"
 
@@ -126,11 +128,13 @@ int cmd_step(const StepArgs& a) {
 
 int cmd_dump(const DumpArgs& a) {
   const Config c = load_config(a.config, a.set);
-  fixtures::require_fixture_sources(c, "dflash dump");
+  fixtures::require_fixture_sources(c, "dflash dump", /*hf_target_ok=*/true);
   harness::guard_memory(c, harness::Workload::kReferenceStep, "dflash dump");
   configure_threads(a.threads >= 0 ? a.threads : c.run.threads);
-  const TargetWeights target = make_target(c);
-  const DrafterWeights drafter = make_drafter(c);
+  const TargetWeights target = models::load_target(c);  // seeded, or a Hugging Face directory
+  DrafterWeights drafter = make_drafter(c);
+  if (!a.init_from.empty())
+    decode::init_from_drafter(decode::read_drafter_dir(a.init_from), c, drafter);
   const StepInputs in = fixtures::make_step_inputs(c, target, a.step);
   StepResult r = run_step(reference::drafter_step, c, drafter, target.frozen(), in);
   harness::write_step_dump(a.out, c, drafter, target.frozen(), in, r);

@@ -25,6 +25,7 @@ struct DumpArgs {
   std::vector<std::string> set;
   uint64_t step = 0;
   int64_t threads = -1;
+  std::string init_from;  // the drafter of this directory instead of the seeded one
 };
 int cmd_dump(const DumpArgs& a);
 

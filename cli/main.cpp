@@ -17,6 +17,7 @@
 #include "core/step.h"
 #include "data/data.h"
 #include "decode/eval.h"
+#include "decode/export.h"
 #include "dist/cluster.h"
 #include "dist/split_loop.h"
 #include "harness/memory_guard.h"
@@ -90,6 +91,11 @@ void add_dump_and_validate(CLI::App& app, Subcommands& subs) {
   ds->add_option("--out", d->out, "Output .safetensors path")->required();
   add_set(ds, d->set);
   ds->add_option("--step", d->step, "Fixture step index");
+  ds->add_option("--init-from", d->init_from,
+                 "The drafter of this directory (a dflash checkpoint, zlab or speculators) "
+                 "instead of the seeded one")
+      ->check(CLI::ExistingDirectory)
+      ->default_str("the config's seeded drafter");
   ds->add_option("--threads", d->threads, "Intra-op threads")->default_str("run.threads");
   subs.add(ds, [d] { return cmd_dump(*d); });
 
@@ -261,6 +267,10 @@ void add_train_and_launch(CLI::App& app, Subcommands& subs, LaunchArgs& launch) 
   tr->add_option("--build", o->build, "reference or optimized")
       ->check(CLI::IsMember({"reference", "optimized"}));
   tr->add_option("--out-params", o->out_params, "Also write the final drafter parameters here");
+  tr->add_option("--init-from", o->init_from,
+                 "Start from this drafter: a dflash checkpoint, or a zlab / speculators "
+                 "directory (docs/SERVING.md); checked against the config")
+      ->check(CLI::ExistingDirectory);
   tr->add_option("--device", o->device,
                  "Override topology.device: cpu, cuda or cuda:N (one process; docs/GPU.md)");
   test_hook(tr->add_option("--test-poison-step", o->poison_step,
@@ -321,6 +331,26 @@ void add_train_and_launch(CLI::App& app, Subcommands& subs, LaunchArgs& launch) 
       ->check(CLI::IsMember({"reference", "optimized"}));
   es->add_option("--threads", ev->threads, "Intra-op threads (0: every core)");
   subs.add(es, [ev] { return decode::run_eval(*ev); });
+
+  auto ex = std::make_shared<decode::ExportOptions>();
+  auto* xs = app.add_subcommand(
+      "export",
+      "Write a checkpoint's drafter in the layout vLLM and SGLang (zlab) or speculators load "
+      "(docs/SERVING.md)");
+  xs->add_option("checkpoint", ex->source, "Checkpoint directory, or a run directory (newest)")
+      ->required()
+      ->check(CLI::ExistingDirectory);
+  xs->add_option("--format", ex->format, "zlab or speculators")
+      ->required()
+      ->check(CLI::IsMember({"zlab", "speculators"}));
+  xs->add_option("--out", ex->out, "Output directory (must not exist)")->required();
+  xs->add_option("--dtype", ex->dtype, "Stored dtype")
+      ->check(CLI::IsMember({"bfloat16", "float32"}))
+      ->capture_default_str();
+  xs->add_option("--verifier", ex->verifier, "The target's Hugging Face directory")
+      ->check(CLI::ExistingDirectory)
+      ->default_str("the run's target");
+  subs.add(xs, [ex] { return decode::run_export(*ex); });
 
   struct FeatureArgs {
     std::string config, out;

@@ -141,6 +141,23 @@ add_test(NAME cli.hf_qwen3_interop
   WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
 set_tests_properties(cli.safetensors_interop cli.hf_qwen3_interop
   PROPERTIES LABELS quick SKIP_RETURN_CODE 77)
+# Python tests beside the code they cover (`<area>/<name>_test.py`), run by
+# pytest with the torch environment's python: ctest name <area>.<name>. A
+# test that skips (a missing optional environment, e.g. speculators) is
+# reported as skipped by ctest, with pytest's reason in the output.
+file(GLOB DFLASH_PY_TESTS CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/*/*_test.py)
+foreach(src ${DFLASH_PY_TESTS})
+  get_filename_component(name ${src} NAME_WE)
+  get_filename_component(dir ${src} DIRECTORY)
+  get_filename_component(area ${dir} NAME)
+  string(REGEX REPLACE "_test$" "" short ${name})
+  add_test(NAME ${area}.${short}
+    COMMAND ${dflash_test_python} -m pytest -q -rs -p no:cacheprovider ${src}
+    WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+  set_tests_properties(${area}.${short} PROPERTIES LABELS quick
+    ENVIRONMENT "DFLASH_BINARY=$<TARGET_FILE:dflash>"
+    SKIP_REGULAR_EXPRESSION "SKIPPED \\[")
+endforeach()
 # The GitHub Actions workflows parse (PyYAML, in the torch environment
 # through transformers) and run the README's commands (.github/workflows/).
 add_test(NAME ci.workflows_parse

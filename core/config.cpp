@@ -4,6 +4,7 @@
 #include "core/config.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <toml++/toml.h>
 
 #include <algorithm>
@@ -591,6 +592,30 @@ std::vector<int64_t> default_target_layer_ids(int64_t nt, int64_t nd) {
   for (int64_t i = 0; i < nd; ++i)
     ids.push_back(int64_t(std::nearbyint(start + double(i) * span / double(nd - 1))));
   return ids;
+}
+
+std::string tap_rule_violation(const std::vector<int64_t>& ids, int64_t nt, bool allow_last) {
+  const std::string found = fmt::format("[{}]", fmt::join(ids, ", "));
+  if (ids.empty()) return "expected at least one tapped layer, found an empty list";
+  for (int64_t id : ids)
+    if (id < 0 || id >= nt)
+      return fmt::format(
+          "expected layer ids in [0, {}) (target.num_hidden_layers = {}; the default rule "
+          "spreads them over [1, Nt-3], so small targets need explicit ids), found {}",
+          nt, nt, found);
+  for (size_t i = 1; i < ids.size(); ++i)
+    if (ids[i] <= ids[i - 1])
+      return fmt::format(
+          "expected distinct ids in ascending order (servers append the tapped states in "
+          "layer order: any other order feeds fc its inputs scrambled), found {}",
+          found);
+  if (!allow_last && ids.back() == nt - 1)
+    return fmt::format(
+        "expected no tap of the target's last layer {} (SGLang cannot capture its state and "
+        "speculators' converter drops it, so the drafter could not be served; set "
+        "drafter.allow_last_layer_tap = true to train it anyway), found {}",
+        nt - 1, found);
+  return "";
 }
 
 }  // namespace dflash

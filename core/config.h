@@ -47,7 +47,8 @@ struct TargetConfig {
 struct DrafterConfig {
   int64_t num_hidden_layers = 0;          // Nd
   LayerShape shape;                       // hidden_size == target's
-  std::vector<int64_t> target_layer_ids;  // L tapped target layers
+  std::vector<int64_t> target_layer_ids;  // L tapped target layers, ascending
+  bool allow_last_layer_tap = false;      // opt in to tapping layer Nt-1 (not servable)
   double init_std = 0.02;
   double norm_init_jitter = 0.0;
 };
@@ -102,11 +103,12 @@ struct TrainConfig {
   int64_t keep_checkpoints = 2;
   int64_t log_every = 10;
   // Served acceptance (docs/EVAL.md): speculative decoding of held-out prompts.
-  int64_t served_eval_every = 0;    // steps; 0 = at the start and the end only
-  int64_t served_eval_prompts = 8;  // held-out prompts decoded; 0 = no served evaluation
-  int64_t served_eval_tokens = 64;  // tokens generated per prompt
-  int64_t served_tree_budget = 16;  // the tree decoding's node budget beside block decoding
-  std::string out_dir;              // "" = runs/<config file stem>
+  int64_t served_eval_every = 0;          // steps; 0 = at the start and the end only
+  int64_t served_eval_prompts = 8;        // held-out prompts decoded; 0 = no served evaluation
+  int64_t served_eval_tokens = 64;        // tokens generated per prompt
+  int64_t served_tree_budget = 16;        // the tree decoding's node budget beside block decoding
+  std::string report_to = "tensorboard";  // metrics also to: "tensorboard" or "none"
+  std::string out_dir;                    // "" = runs/<config file stem>
 };
 
 // How the loss weight of slot k is chosen (docs/LOSSES.md): decay
@@ -272,5 +274,14 @@ TargetConfig parse_hf_config(const std::string& text, const std::string& file);
 // SPEC.md default tap rule: L = Nd ids spread evenly over [1, Nt-3], rounded
 // half to even like Python's round(); a single tap is layer Nt div 2.
 std::vector<int64_t> default_target_layer_ids(int64_t num_target_layers, int64_t num_draft_layers);
+
+// What is wrong with tapped target layer ids, as "expected X, found Y" text,
+// or "" when nothing is (docs/SERVING.md): ids in [0, Nt), distinct and
+// ascending (vLLM and SGLang append the tapped states in layer order, so any
+// other order scrambles fc's inputs), and not the last layer Nt-1 unless
+// `allow_last` (SGLang captures a layer's state at the next layer's input and
+// cannot capture the last; speculators' converter drops that id).
+std::string tap_rule_violation(const std::vector<int64_t>& ids, int64_t num_target_layers,
+                               bool allow_last);
 
 }  // namespace dflash

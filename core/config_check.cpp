@@ -80,19 +80,11 @@ void check_model(const Checker& ck, const Config& c) {
                         "and LM head",
                         t.shape.hidden_size),
             std::to_string(d.shape.hidden_size));
-  if (d.target_layer_ids.empty())
-    ck.fail("drafter.target_layer_ids", "at least one tapped layer", "an empty list");
-  if (int64_t(d.target_layer_ids.size()) > t.num_hidden_layers)
-    ck.fail("drafter.target_layer_ids",
-            fmt::format("at most target.num_hidden_layers = {} ids", t.num_hidden_layers),
-            fmt::format("{} ids", d.target_layer_ids.size()));
-  for (int64_t id : d.target_layer_ids)
-    if (id < 0 || id >= t.num_hidden_layers)
-      ck.fail("drafter.target_layer_ids",
-              fmt::format("layer ids in [0, {}) (target.num_hidden_layers = {}; the default "
-                          "rule spreads them over [1, Nt-3], so small targets need explicit ids)",
-                          t.num_hidden_layers, t.num_hidden_layers),
-              fmt::format("[{}]", fmt::join(d.target_layer_ids, ", ")));
+  const std::string taps =
+      tap_rule_violation(d.target_layer_ids, t.num_hidden_layers, d.allow_last_layer_tap);
+  if (!taps.empty())
+    throw ConfigError(fmt::format("{}: drafter.target_layer_ids: {}",
+                                  c.path.empty() ? "<config>" : c.path, taps));
 }
 
 // data.input_ids / data.loss_mask: present exactly when source = "inline",
@@ -183,6 +175,7 @@ void check_data_loss_run(const Checker& ck, const Config& c) {
   check_loss(ck, c.loss);
 
   ck.one_of("optimized.kernels", c.optimized.kernels, {"auto", "host", "aten"});
+  ck.one_of("train.report_to", c.train.report_to, {"tensorboard", "none"});
   if (c.optimized.kernels == "host" && c.topology.device != "cpu")
     ck.fail("optimized.kernels",
             fmt::format("\"aten\" or \"auto\" with topology.device = \"{}\" (the host kernels "

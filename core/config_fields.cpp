@@ -119,8 +119,15 @@ void model_rows(std::vector<Row>& v) {
                DFLASH_AT(drafter.target_layer_ids),
                Need::kRule,
                {},
-               "the tapped target layers, ids in [0, Nt); default: Nd ids spread over "
-               "[1, Nt-3] (docs/SPEC.md)"});
+               "the tapped target layers: distinct ids in [0, Nt), ascending, not Nt-1 "
+               "(docs/SERVING.md); default: Nd ids spread over [1, Nt-3] (docs/SPEC.md)"});
+  v.push_back({"drafter.allow_last_layer_tap",
+               Type::kBool,
+               DFLASH_AT(drafter.allow_last_layer_tap),
+               Need::kOptional,
+               {},
+               "allow tapping the target's last layer Nt-1: SGLang cannot capture it and "
+               "speculators' converter drops it, so `dflash export` refuses such a drafter"});
   v.push_back({"drafter.init_std", Type::kReal, DFLASH_AT(drafter.init_std), Need::kOptional,
                reals(0, 10), "seeded init: N(0, init_std) weights"});
   v.push_back({"drafter.norm_init_jitter", Type::kReal, DFLASH_AT(drafter.norm_init_jitter),
@@ -349,6 +356,9 @@ void train_rows(std::vector<Row>& v) {
       ints(1, 1'000'000), "tokens generated per prompt");
   row("train.served_tree_budget", Type::kInt, DFLASH_AT(train.served_tree_budget), ints(1, 4096),
       "the tree decoding's node budget beside block decoding");
+  row("train.report_to", Type::kString, DFLASH_AT(train.report_to), {},
+      "`tensorboard`: every metrics.jsonl scalar also into TensorBoard event files in the run "
+      "directory; `none`: metrics.jsonl only");
   row("train.out_dir", Type::kString, DFLASH_AT(train.out_dir), {},
       "the run directory; none: `runs/` and the config file's stem");
 }

@@ -121,6 +121,12 @@ INSTANTIATE_TEST_SUITE_P(
                  "drafter.target_layer_ids", "[0, 6)"},
         Rejected{"empty_layer_ids", with("", "target_layer_ids = []", "drafter"),
                  "drafter.target_layer_ids", "at least one"},
+        Rejected{"layer_ids_unsorted", with("", "target_layer_ids = [3, 1]", "drafter"),
+                 "drafter.target_layer_ids", "distinct ids in ascending order"},
+        Rejected{"layer_ids_repeated", with("", "target_layer_ids = [1, 1]", "drafter"),
+                 "drafter.target_layer_ids", "distinct ids in ascending order"},
+        Rejected{"last_layer_tapped", with("", "target_layer_ids = [1, 5]", "drafter"),
+                 "drafter.target_layer_ids", "allow_last_layer_tap = true"},
         Rejected{"drafter_hidden_mismatch", with("", "hidden_size = 16", "drafter"),
                  "drafter.hidden_size", "target.hidden_size (32)"},
         Rejected{"temperature_not_positive", with("kl_weight", "kl_weight = 0.5\ntemperature = 0"),
@@ -237,6 +243,13 @@ TEST(Config, BaseIsValidAndResolvesDefaults) {
   EXPECT_EQ(c.drafter.shape.hidden_size, 32);
   EXPECT_EQ(c.drafter.shape.num_attention_heads, 4);  // inherited from the target
   EXPECT_EQ(c.drafter.target_layer_ids, (std::vector<int64_t>{1, 3}));
+  // The last layer, opted in: a drafter for dflash's own decoding only.
+  EXPECT_EQ(parse_config_toml(replaced(kBase, {{"[drafter]\n",
+                                                "[drafter]\ntarget_layer_ids = [1, 5]\n"
+                                                "allow_last_layer_tap = true\n"}}),
+                              "opt-in.toml")
+                .drafter.target_layer_ids,
+            (std::vector<int64_t>{1, 5}));
   EXPECT_DOUBLE_EQ(c.loss.ce_weight, 1.0);
   EXPECT_EQ(c.run.dtype, DType::kFloat32);
 }

@@ -26,13 +26,13 @@ namespace {
   throw std::runtime_error(fmt::format("{}: {}: {}; not evaluating", file, field, why));
 }
 
-// `prefix` names the enclosing object in messages ("dflash_config.").
+}  // namespace
+
 int64_t int_field(const nlohmann::json& j, const std::string& file, const std::string& key,
-                  const std::string& prefix = "") {
+                  const std::string& prefix) {
   if (!j.contains(key) || !j[key].is_number_integer())
-    refuse(
-        file, prefix + key,
-        fmt::format("expected an integer, found {}", j.contains(key) ? j[key].dump() : "nothing"));
+    throw std::runtime_error(fmt::format("{}: {}{}: expected an integer, found {}", file, prefix,
+                                         key, j.contains(key) ? j[key].dump() : "nothing"));
   return j[key].get<int64_t>();
 }
 
@@ -43,6 +43,8 @@ std::string resolve_checkpoint(const std::string& path) {
       "{}: neither a checkpoint (no trainer_state.json) nor a run directory with checkpoints",
       path));
 }
+
+namespace {
 
 std::vector<int64_t> ids_of_json(const nlohmann::json& ids, const std::string& where, int64_t V) {
   if (!ids.is_array() || ids.empty())
@@ -87,10 +89,7 @@ void resolve_recorded_paths(nlohmann::json& resolved, const models::Checkpoint& 
 // The run's config as the checkpoint recorded it, with the drafter's own
 // config.json fields and, with --target, the given Hugging Face target.
 Config eval_config(const models::Checkpoint& ck, const EvalOptions& o) {
-  nlohmann::json resolved = ck.config;
-  resolved.erase("__optimizer_steps");
-  resolve_recorded_paths(resolved, ck);
-  if (!o.target.empty()) resolved["target"] = {{"source", "hf"}, {"path", o.target}};
+  nlohmann::json resolved = recorded_config(ck, o.target);
   const std::string drafter_file = (fs::path(ck.dir) / "config.json").string();
   const nlohmann::json dj =
       nlohmann::json::parse(read_whole_file(drafter_file, "the drafter config"), nullptr, false);
@@ -108,11 +107,19 @@ Config eval_config(const models::Checkpoint& ck, const EvalOptions& o) {
   resolved["drafter"]["target_layer_ids"] = df["target_layer_ids"];
   resolved["data"]["mask_token_id"] = df["mask_token_id"];
   resolved["data"]["block_size"] = dj["block_size"];
-  resolved["data"]["num_samples"] = 1;  // self_distill: only its held-out stream is used
   return parse_config_json(resolved, ck.dir + "/trainer_state.json");
 }
 
 }  // namespace
+
+nlohmann::json recorded_config(const models::Checkpoint& ck, const std::string& target) {
+  nlohmann::json resolved = ck.config;
+  resolved.erase("__optimizer_steps");
+  resolve_recorded_paths(resolved, ck);
+  if (!target.empty()) resolved["target"] = {{"source", "hf"}, {"path", target}};
+  resolved["data"]["num_samples"] = 1;  // self_distill: only its held-out stream is used
+  return resolved;
+}
 
 void check_drafter_config(const nlohmann::json& d, const std::string& file, const TargetConfig& t,
                           const std::string& target_dir, int64_t block_size) {
@@ -140,12 +147,15 @@ void check_drafter_config(const nlohmann::json& d, const std::string& file, cons
   if (!df.contains("target_layer_ids") || !df["target_layer_ids"].is_array() ||
       df["target_layer_ids"].empty())
     refuse(file, "dflash_config.target_layer_ids", "expected a non-empty list of layer ids");
-  for (const auto& id : df["target_layer_ids"])
-    if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
-        id.get<int64_t>() >= t.num_hidden_layers)
-      refuse(file, "dflash_config.target_layer_ids",
-             fmt::format("{} is not a layer of the target (it has {})", id.dump(),
-                         t.num_hidden_layers));
+  std::vector<int64_t> ids;
+  for (const auto& id : df["target_layer_ids"]) {
+    if (!id.is_number_integer())
+      refuse(file, "dflash_config.target_layer_ids", id.dump() + " is not a layer id");
+    ids.push_back(id.get<int64_t>());
+  }
+  // dflash's own decoding can tap the last layer (a run that opted in); servers cannot.
+  const std::string taps = tap_rule_violation(ids, t.num_hidden_layers, true);
+  if (!taps.empty()) refuse(file, "dflash_config.target_layer_ids", taps);
   const int64_t trained = int_field(d, file, "block_size");
   if (trained < 2) refuse(file, "block_size", fmt::format("{} < 2", trained));
   if (block_size > trained)

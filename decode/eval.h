@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/config.h"
+#include "models/checkpoint.h"
 
 namespace dflash::decode {
 
@@ -32,6 +33,19 @@ struct EvalOptions {
 };
 
 int run_eval(const EvalOptions& o);
+
+// The integer `key` of a drafter's config.json object `j`; an error naming
+// the file and the field (`prefix` names the enclosing object:
+// "dflash_config.") otherwise.
+int64_t int_field(const nlohmann::json& j, const std::string& file, const std::string& key,
+                  const std::string& prefix = "");
+
+// A checkpoint directory as given, or a run directory's newest checkpoint.
+std::string resolve_checkpoint(const std::string& path);
+// The run config a checkpoint recorded (trainer_state.json), its relative
+// paths resolved as the run saw them, the target replaced by the Hugging
+// Face directory `target` unless it is "".
+nlohmann::json recorded_config(const models::Checkpoint& ck, const std::string& target);
 
 // The drafter's inference config.json (`file`) against the target `t`
 // (`target_dir`: its directory for the byte tokenizer, "" for a fixture

@@ -47,7 +47,12 @@ TEST(Eval, DrafterConfigDisagreeingWithTheTargetIsRefusedNamingTheField) {
   EXPECT_NE(with(P("/vocab_size"), 30).find("vocab_size: 30 disagrees"), std::string::npos);
   EXPECT_NE(with(P("/num_target_layers"), 5).find("num_target_layers: 5"), std::string::npos);
   EXPECT_NE(with(P("/dflash_config/target_layer_ids"), {0, 2})
-                .find("dflash_config.target_layer_ids: 2 is not a layer of the target (it has 2)"),
+                .find("dflash_config.target_layer_ids: expected layer ids in [0, 2)"),
+            std::string::npos);
+  EXPECT_NE(with(P("/dflash_config/target_layer_ids"), {1, 0})
+                .find("dflash_config.target_layer_ids: expected distinct ids in ascending order"),
+            std::string::npos);
+  EXPECT_NE(with(P("/dflash_config/target_layer_ids"), {0, 0}).find("found [0, 0]"),
             std::string::npos);
   EXPECT_NE(with(P("/dflash_config/mask_token_id"), 24)
                 .find("dflash_config.mask_token_id: 24 is outside the target's vocabulary"),
@@ -69,7 +74,7 @@ TEST(Eval, DrafterConfigDisagreeingWithTheTargetIsRefusedNamingTheField) {
   const TargetConfig bt = read_hf_config(bytes);
   Config cb = c;
   cb.target = bt, cb.drafter.shape.hidden_size = bt.shape.hidden_size;
-  cb.drafter.target_layer_ids = {1, 3}, cb.data.mask_token_id = 258;
+  cb.drafter.target_layer_ids = {1, 2}, cb.data.mask_token_id = 258;
   nlohmann::json d = models::drafter_config_json(cb);
   EXPECT_EQ(refusal(d, bt, bytes), "accepted");
   d["dflash_config"]["mask_token_id"] = 257;

@@ -64,6 +64,7 @@ inline Config small_config() {
   c.target.init_std = 0.2, c.target.norm_init_jitter = 0.1;
   c.drafter.num_hidden_layers = 1, c.drafter.shape = c.target.shape;
   c.drafter.target_layer_ids = {0, 1};
+  c.drafter.allow_last_layer_tap = true;
   c.drafter.init_std = 0.2;
   c.data.batch_size = 1, c.data.seq_len = 16, c.data.block_size = 4, c.data.max_anchors = 2;
   c.data.mask_token_id = 23;

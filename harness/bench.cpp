@@ -166,6 +166,7 @@ class StepCase : public BenchCase {
     cfg_.drafter.num_hidden_layers = 2;
     cfg_.drafter.shape = cfg_.target.shape;
     cfg_.drafter.target_layer_ids = {0, 1};
+    cfg_.drafter.allow_last_layer_tap = true;  // measured, never served
     cfg_.data = DataConfig::batch("fixture", 1, quick ? 256 : 1024, 16, quick ? 16 : 64,
                                   cfg_.target.vocab_size - 1);
     cfg_.loss = fixtures::ce_kl_loss(/*kl_weight=*/0.5, quick ? 64 : 256);

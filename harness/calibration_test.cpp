@@ -43,6 +43,7 @@ Config config_of(const Sweep& w) {
   c.drafter.shape = c.target.shape;
   c.drafter.num_hidden_layers = w.Nd;
   c.drafter.target_layer_ids = {0, 1};
+  c.drafter.allow_last_layer_tap = true;
   c.data = DataConfig::batch("fixture", w.B, w.S, w.bs, w.N, w.V - 1);
   c.loss = fixtures::ce_kl_loss(/*kl_weight=*/0.5, w.chunk);
   c.optimized.attention_tile = 64;

@@ -25,6 +25,8 @@ std::vector<int64_t> gen_taps(int64_t num_target_layers) {
   const auto n = *rc::gen::inRange<int64_t>(1, std::min<int64_t>(num_target_layers, 3) + 1);
   std::vector<int64_t> taps;
   for (int64_t i = 0; i < n; ++i) taps.push_back(*rc::gen::inRange<int64_t>(0, num_target_layers));
+  std::sort(taps.begin(), taps.end());  // the tap rule: distinct and ascending
+  taps.erase(std::unique(taps.begin(), taps.end()), taps.end());
   return taps;
 }
 
@@ -81,6 +83,8 @@ rc::Gen<Config> gen_micro_config() {
     c.drafter.num_hidden_layers = *rc::gen::inRange<int64_t>(1, 3);
     c.drafter.shape = gen_shape(c.target.shape.hidden_size);
     c.drafter.target_layer_ids = gen_taps(c.target.num_hidden_layers);
+    // The last layer is a legal tap for training (opted in), only not servable.
+    c.drafter.allow_last_layer_tap = true;
     c.drafter.init_std = 0.2;
     c.drafter.norm_init_jitter = 0.1;
     c.data.batch_size = *rc::gen::inRange<int64_t>(1, 4);

@@ -35,7 +35,7 @@ const GradcheckCase kCases[] = {
      [](Config& c) {
        c.drafter.num_hidden_layers = 1;
        c.drafter.shape.num_key_value_heads = 4;
-       c.drafter.target_layer_ids = {3};
+       c.drafter.target_layer_ids = {2};
      }},
     {"long_blocks_few_anchors",
      [](Config& c) {

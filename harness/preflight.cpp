@@ -120,6 +120,7 @@ Config scaled_twin(const Config& c) {
   t.drafter.target_layer_ids.clear();
   for (int64_t i = 0; i < std::min<int64_t>(c.num_taps(), 2); ++i)
     t.drafter.target_layer_ids.push_back(1 + 2 * i);
+  t.drafter.allow_last_layer_tap = true;  // the twin is measured, never served
   t.drafter.init_std = 0.2;
   t.drafter.norm_init_jitter = 0.1;
   t.data.source = "fixture";

@@ -81,23 +81,13 @@ void flatten(const nlohmann::json& j, const std::string& prefix,
 }
 
 bool cadence_key(const std::string& k) {
-  static const std::set<std::string> kFree = {"train.log_every",
-                                              "train.eval_every",
-                                              "train.eval_batches",
-                                              "train.checkpoint_every",
-                                              "train.keep_checkpoints",
-                                              "train.out_dir",
-                                              "train.served_eval_every",
-                                              "train.served_eval_prompts",
-                                              "train.served_eval_tokens",
-                                              "train.served_tree_budget",
-                                              "run.threads",
-                                              "optimized.kernels",
-                                              "topology.timeout_s",
-                                              "topology.startup_timeout_s",
-                                              "topology.queue_depth",
-                                              "topology.memory_reserve_gb",
-                                              "topology.device_memory_gb"};
+  static const std::set<std::string> kFree = {
+      "train.log_every",          "train.eval_every",           "train.eval_batches",
+      "train.checkpoint_every",   "train.keep_checkpoints",     "train.out_dir",
+      "train.report_to",          "train.served_eval_every",    "train.served_eval_prompts",
+      "train.served_eval_tokens", "train.served_tree_budget",   "run.threads",
+      "optimized.kernels",        "topology.timeout_s",         "topology.startup_timeout_s",
+      "topology.queue_depth",     "topology.memory_reserve_gb", "topology.device_memory_gb"};
   return kFree.count(k) > 0;
 }
 

@@ -21,6 +21,7 @@
 #include "core/signals.h"
 #include "core/step.h"
 #include "data/data.h"
+#include "decode/export.h"
 #include "decode/served_eval.h"
 #include "dist/split_loop.h"
 #include "harness/memory_guard.h"
@@ -95,6 +96,10 @@ void check_gradients(const Run& r, const StepInputs& in, int64_t g) {
 void append_metrics(Run& r, const nlohmann::json& j) {
   r.metrics << j.dump() << "\n";
   r.metrics.flush();
+  if (r.tensorboard) {
+    write_metrics_row(*r.tensorboard, j);
+    r.tensorboard->flush();
+  }
 }
 
 Sums evaluate(Run& r) {
@@ -105,8 +110,10 @@ Sums evaluate(Run& r) {
     s.add(r.fn(r.c, r.w, r.frozen, in));
   }
   const std::vector<double> acc = s.accuracy();
-  fmt::print("eval @ {}: loss {:.6f}  tau {:.3f}  accuracy [{:.3f}]\n", r.st.step, s.loss(),
-             s.tau(), fmt::join(acc, ", "));
+  // Slot 0 is the given anchor (never predicted, always 0): slots 1..bs-1 only.
+  fmt::print("eval @ {}: loss {:.6f}  tau {:.3f}  accuracy of slots 1-{} [{:.3f}]\n", r.st.step,
+             s.loss(), s.tau(), acc.size() - 1,
+             fmt::join(acc.begin() + std::min<size_t>(1, acc.size()), acc.end(), ", "));
   append_metrics(r, {{"kind", "eval"},
                      {"step", r.st.step},
                      {"loss", s.loss()},
@@ -294,6 +301,12 @@ std::unique_ptr<Run> prepare(const Config& c, const RunOptions& o, bool with_dat
   }
   r->w = make_drafter(c);
   to_device(r->w, r->device);  // before AdamW: its moments are made beside the parameters
+  if (!o.init_from.empty()) {  // a resumed checkpoint, when there is one, overrides it
+    const decode::DrafterDir d = decode::read_drafter_dir(o.init_from);
+    decode::init_from_drafter(d, c, r->w);
+    fmt::print("init: the drafter starts from {} ({} layout; checked against the config)\n",
+               o.init_from, d.layout);
+  }
   r->opt = std::make_unique<AdamW>(named(r->w), optim_config(c.train));
   r->fn =
       o.build == "reference" ? StepFn(reference::drafter_step) : StepFn(optimized::drafter_step);
@@ -321,6 +334,10 @@ void open_metrics(Run& r) {
   }
   safetensors::write_file_atomic(file.string(), kept);
   r.metrics.open(file, std::ios::app);
+  // A resumed run adds an event file; TensorBoard drops the older files'
+  // events past the step the run went back to (its step goes backwards).
+  if (r.c.train.report_to == "tensorboard")
+    r.tensorboard = std::make_unique<TensorBoardWriter>(r.dir);
 }
 
 double begin_run(Run& r) {

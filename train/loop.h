@@ -33,6 +33,7 @@ struct RunOptions {
   int preflight_cases = 25;
   std::string out_params;  // also write the final drafter parameters here
   std::string device;      // "": topology.device, else cpu | cuda | cuda:N
+  std::string init_from;   // start from this drafter directory (dflash, zlab, speculators)
   // Test hooks: a NaN written into fc.weight before this step (1-based);
   // the split's per-rank-normalisation mutant and fault injection.
   int64_t poison_step = 0;

@@ -1,4 +1,6 @@
-// The run report: SVG line charts drawn by hand (polylines on a fixed frame).
+// The run report: SVG line charts (ticks and grid on both axes, the loss on a
+// log axis, noisy per-step curves faint under a moving average, values on
+// hover), the preflight verdict, the drafts, the config.
 #include "train/report.h"
 
 #include <fmt/format.h>
@@ -25,47 +27,136 @@ namespace {
 struct Series {
   std::string name, color;
   std::vector<std::pair<double, double>> points;  // (step, value)
+  bool smooth = false;  // noisy per-step values: drawn faint, under their moving average
 };
 
-// A 640 x 260 chart: frame, min/max labels on both axes, one polyline per series.
-std::string chart(const std::string& title, const std::vector<Series>& series) {
+// About `n` round tick values (1, 2 or 5 times a power of ten apart) covering [lo, hi].
+std::vector<double> nice_ticks(double lo, double hi, int n = 5) {
+  const double raw = (hi - lo) / n, mag = std::pow(10.0, std::floor(std::log10(raw)));
+  const double r = raw / mag, step = (r < 1.5 ? 1 : r < 3.5 ? 2 : r < 7.5 ? 5 : 10) * mag;
+  std::vector<double> t;
+  for (double v = std::ceil(lo / step - 1e-9) * step; v <= hi + step * 1e-9; v += step)
+    t.push_back(std::abs(v) < step * 1e-9 ? 0.0 : v);
+  return t;
+}
+
+// Ticks of a log10 axis over [lo, hi] (exponents): the decades, and 2 and 5
+// times them when the range spans fewer than three decades.
+std::vector<double> log_ticks(double lo, double hi) {
+  std::vector<double> t;  // exponents
+  const bool fine = hi - lo < 3;
+  for (double d = std::floor(lo); d <= std::ceil(hi); d += 1)
+    for (double m : fine ? std::vector<double>{1, 2, 5} : std::vector<double>{1}) {
+      const double e = d + std::log10(m);
+      if (e >= lo - 1e-9 && e <= hi + 1e-9) t.push_back(e);
+    }
+  return t;
+}
+
+// The moving average of the last `w` points (w: about a twentieth of the run).
+std::vector<std::pair<double, double>> smoothed(const std::vector<std::pair<double, double>>& p) {
+  const size_t w = std::max<size_t>(1, p.size() / 20);
+  std::vector<std::pair<double, double>> out;
+  double sum = 0;
+  size_t n = 0;
+  for (size_t i = 0; i < p.size(); ++i) {
+    if (std::isfinite(p[i].second)) sum += p[i].second, ++n;
+    if (i >= w && std::isfinite(p[i - w].second)) sum -= p[i - w].second, --n;
+    if (n > 0) out.emplace_back(p[i].first, sum / double(n));
+  }
+  return out;
+}
+
+struct Frame {  // data -> pixels
+  double x0, x1, y0, y1;
+  bool log_y;
+  static constexpr double W = 640, H = 260, L = 64, R = 150, T = 20, B = 34;
+  double px(double x) const { return L + (x - x0) / (x1 - x0) * (W - L - R); }
+  double py(double y) const {  // y already log10 on a log axis
+    return H - B - (y - y0) / (y1 - y0) * (H - T - B);
+  }
+  double ty(double v) const { return log_y ? std::log10(v) : v; }
+};
+
+// Axis ticks with values and light grid lines, both axes.
+std::string axes(const Frame& f) {
+  std::ostringstream o;
+  o << fmt::format("<g class=\"y-ticks\" data-scale=\"{}\">", f.log_y ? "log" : "linear");
+  for (double t : f.log_y ? log_ticks(f.y0, f.y1) : nice_ticks(f.y0, f.y1)) {
+    const double y = f.py(t);
+    o << fmt::format("<line x1=\"{}\" x2=\"{}\" y1=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#e5e5e5\"/>",
+                     Frame::L, Frame::W - Frame::R, y, y)
+      << fmt::format("<text class=\"tick\" x=\"{}\" y=\"{:.1f}\" text-anchor=\"end\">{:.4g}</text>",
+                     Frame::L - 4, y + 4, f.log_y ? std::pow(10.0, t) : t);
+  }
+  o << "</g>\n<g class=\"x-ticks\">";
+  for (double t : nice_ticks(f.x0, f.x1)) {
+    const double x = f.px(t);
+    o << fmt::format("<line x1=\"{:.1f}\" x2=\"{:.1f}\" y1=\"{}\" y2=\"{}\" stroke=\"#e5e5e5\"/>",
+                     x, x, Frame::T, Frame::H - Frame::B)
+      << fmt::format(
+             "<text class=\"tick\" x=\"{:.1f}\" y=\"{}\" text-anchor=\"middle\">{:g}</text>", x,
+             Frame::H - Frame::B + 14, t);
+  }
+  o << fmt::format("</g>\n<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">step</text>\n",
+                   (Frame::L + Frame::W - Frame::R) / 2, Frame::H - 4);
+  return o.str();
+}
+
+// One series: its line (faint under the moving average when noisy), its
+// legend entry, and a hover target with the value on every point.
+std::string series_svg(const Frame& f, const Series& s, size_t i) {
+  std::ostringstream o;
+  auto line = [&](const std::vector<std::pair<double, double>>& pts, const char* extra) {
+    std::string p;
+    for (auto [x, y] : pts)
+      if (std::isfinite(y) && (!f.log_y || y > 0))
+        p += fmt::format("{:.1f},{:.1f} ", f.px(x), f.py(f.ty(y)));
+    return fmt::format("<polyline fill=\"none\" stroke=\"{}\" {} points=\"{}\"/>\n", s.color, extra,
+                       p);
+  };
+  o << line(s.points,
+            s.smooth ? "stroke-width=\"1\" stroke-opacity=\"0.25\"" : "stroke-width=\"1.5\"");
+  if (s.smooth) o << line(smoothed(s.points), "stroke-width=\"2\" class=\"smoothed\"");
+  o << "<g class=\"hover\">";
+  for (auto [x, y] : s.points)
+    if (std::isfinite(y) && (!f.log_y || y > 0))
+      o << fmt::format(
+          "<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"{}\" fill=\"{}\" fill-opacity=\"{}\">"
+          "<title>{}: step {:g}, {:.6g}</title></circle>",
+          f.px(x), f.py(f.ty(y)), s.points.size() == 1 ? 3 : 2.5, s.color,
+          s.points.size() == 1 ? 1 : 0, xml_escape(s.name), x, y);
+  o << "</g>\n";
+  o << fmt::format("<text x=\"{}\" y=\"{}\" fill=\"{}\">{}{}</text>\n", Frame::W - Frame::R + 8,
+                   Frame::T + 12 + 14 * double(i), s.color, xml_escape(s.name),
+                   s.smooth ? " (smoothed)" : "");
+  return o.str();
+}
+
+// A 640 x 260 chart: ticks and grid on both axes, one line per series,
+// values on hover; `log_y` draws the values on a log10 axis.
+std::string chart(const std::string& title, const std::vector<Series>& series, bool log_y = false) {
   double x0 = 1e300, x1 = -1e300, y0 = 1e300, y1 = -1e300;
   for (const Series& s : series)
     for (auto [x, y] : s.points)
-      if (std::isfinite(y))
-        x0 = std::min(x0, x), x1 = std::max(x1, x), y0 = std::min(y0, y), y1 = std::max(y1, y);
+      if (std::isfinite(y) && (!log_y || y > 0)) {
+        const double v = log_y ? std::log10(y) : y;
+        x0 = std::min(x0, x), x1 = std::max(x1, x), y0 = std::min(y0, v), y1 = std::max(y1, v);
+      }
   if (x0 > x1) return fmt::format("<h3>{}</h3><p>no data</p>\n", xml_escape(title));
   if (x1 == x0) x1 = x0 + 1;
-  if (y1 == y0) y1 = y0 + 1;
-  const double W = 640, H = 260, L = 60, R = 150, T = 20, B = 30;
-  auto px = [&](double x) { return L + (x - x0) / (x1 - x0) * (W - L - R); };
-  auto py = [&](double y) { return H - B - (y - y0) / (y1 - y0) * (H - T - B); };
+  if (y1 == y0) y1 = y0 + (log_y ? 1 : std::max(1.0, std::abs(y0)) * 0.1), y0 -= y1 - y0;
+  const Frame f{x0, x1, y0, y1, log_y};
   std::ostringstream o;
   o << fmt::format(
-      "<h3>{}</h3>\n<svg width=\"{}\" height=\"{}\" xmlns=\"http://www.w3.org/2000/svg\" "
-      "font-family=\"sans-serif\" font-size=\"11\">\n",
-      xml_escape(title), W, H);
+      "<h3>{}</h3>\n<svg class=\"chart\" width=\"{}\" height=\"{}\" "
+      "xmlns=\"http://www.w3.org/2000/svg\" font-family=\"sans-serif\" font-size=\"11\">\n",
+      xml_escape(title + (log_y ? " (log scale)" : "")), Frame::W, Frame::H);
+  o << axes(f);
   o << fmt::format(
-      "<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" stroke=\"#999\"/>\n", L, T,
-      W - L - R, H - T - B);
-  o << fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{:.4g}</text>\n", L - 4, T + 8, y1);
-  o << fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{:.4g}</text>\n", L - 4, H - B, y0);
-  o << fmt::format("<text x=\"{}\" y=\"{}\">step {:g}</text>\n", L, H - B + 16, x0);
-  o << fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"end\">step {:g}</text>\n", W - R,
-                   H - B + 16, x1);
-  for (size_t i = 0; i < series.size(); ++i) {
-    const Series& s = series[i];
-    std::string pts;
-    for (auto [x, y] : s.points)
-      if (std::isfinite(y)) pts += fmt::format("{:.1f},{:.1f} ", px(x), py(y));
-    o << fmt::format("<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"1.5\" points=\"{}\"/>\n",
-                     s.color, pts);
-    if (s.points.size() == 1 && std::isfinite(s.points[0].second))
-      o << fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3\" fill=\"{}\"/>\n",
-                       px(s.points[0].first), py(s.points[0].second), s.color);
-    o << fmt::format("<text x=\"{}\" y=\"{}\" fill=\"{}\">{}</text>\n", W - R + 8,
-                     T + 12 + 14 * double(i), s.color, xml_escape(s.name));
-  }
+      "<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" stroke=\"#999\"/>\n",
+      Frame::L, Frame::T, Frame::W - Frame::L - Frame::R, Frame::H - Frame::T - Frame::B);
+  for (size_t i = 0; i < series.size(); ++i) o << series_svg(f, series[i], i);
   o << "</svg>\n";
   return o.str();
 }
@@ -158,18 +249,23 @@ std::string samples_html(const fs::path& file) {
   if (j.is_discarded() || !j.contains("samples") || !j["samples"].is_array())
     return "<p>samples.json is not valid</p>\n";
   const bool bytes = j.value("tokenizer", "") == "byte";
+  const bool by_target = j.value("reference", "target") == "target";
+  const char* ref = by_target ? "target wrote" : "dataset's tokens";
   const nlohmann::json none = nlohmann::json::array();
   std::ostringstream o;
   o << "<p>Teacher-forced drafts at the end of the run: at each anchor the drafter proposes the "
-       "next tokens in one forward; the prefix that agrees with the target (accepted) is on "
-       "green, the rest struck through in red (\u2423 a space, \u21b5 a newline).</p>\n";
+       "next tokens in one forward; the prefix that agrees with "
+    << (by_target ? "what the target wrote (its own greedy continuation, the training data)"
+                  : "the dataset's next tokens (the data's text, not written by the target)")
+    << " is accepted, on green, the rest struck through in red"
+    << (bytes ? " (\u2423 a space, \u21b5 a newline)" : " (token ids)") << ".</p>\n";
   for (const auto& smp : j["samples"]) {
     o << fmt::format("<div class=\"sample\"><h3>held-out row {}</h3>\n", smp.value("row", -1))
       << "<p class=\"text\"><span class=\"prompt\">"
       << tokens_html(smp.value("prompt", none), bytes) << "</span><span class=\"continuation\">"
       << tokens_html(smp.value("continuation", none), bytes) << "</span></p>\n"
-      << "<table class=\"drafts\"><tr><th>anchor</th><th>drafter's block</th>"
-         "<th>target wrote</th><th>accepted</th></tr>\n";
+      << "<table class=\"drafts\"><tr><th>anchor</th><th>drafter's block</th><th>" << ref
+      << "</th><th>accepted</th></tr>\n";
     for (const auto& b : smp.value("blocks", none)) {
       const nlohmann::json prop = b.value("proposal", none);
       const int64_t acc = b.value("accepted", int64_t(0));
@@ -194,10 +290,10 @@ namespace {
 
 // Every curve of the report, from metrics.jsonl's rows.
 struct Curves {
-  Series loss{"train loss", kColors[0], {}}, eloss{"held-out loss", kColors[1], {}};
-  Series tau{"train tau", kColors[0], {}}, etau{"held-out tau", kColors[1], {}};
-  Series lr{"learning rate", kColors[2], {}}, grad{"gradient norm", kColors[3], {}};
-  Series tps{"tokens/s", kColors[4], {}};
+  Series loss{"train loss", kColors[0], {}, true}, eloss{"held-out loss", kColors[1], {}};
+  Series tau{"train tau", kColors[0], {}, true}, etau{"held-out tau", kColors[1], {}};
+  Series lr{"learning rate", kColors[2], {}}, grad{"gradient norm", kColors[3], {}, true};
+  Series tps{"tokens/s", kColors[4], {}, true};
   // Served acceptance (docs/EVAL.md): block and tree speculative decoding.
   Series served{"served acceptance (block)", kColors[2], {}},
       stree{"served (tree)", kColors[3], {}};
@@ -265,13 +361,13 @@ std::string write_report(const std::string& run_dir) {
         c.stree.points.back().second);
   o << "<h2>Preflight</h2>\n" << verdict_html(dir / "preflight.json");
   o << "<h2>Curves</h2>\n"
-    << chart("loss", {c.loss, c.eloss})
+    << chart("loss", {c.loss, c.eloss}, /*log_y=*/true)
     << chart("tau (expected acceptance length)", {c.tau, c.etau})
     << (c.served.points.empty()
             ? std::string()
             : chart("served acceptance beside held-out tau", {c.etau, c.served, c.stree}))
-    << chart("held-out per-slot accuracy", c.slots) << chart("learning rate", {c.lr})
-    << chart("gradient norm (before clipping)", {c.grad})
+    << chart("held-out per-slot accuracy (the predicted slots 1..bs-1)", c.slots)
+    << chart("learning rate", {c.lr}) << chart("gradient norm (before clipping)", {c.grad})
     << chart("throughput (tokens/s)", {c.tps});
   o << "<h2>Drafts</h2>\n" << samples_html(dir / "samples.json");
   o << "<h2>Config</h2>\n<pre>" << xml_escape(read_text(dir / "config.toml"))

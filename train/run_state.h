@@ -14,6 +14,7 @@
 #include "data/data.h"
 #include "models/checkpoint.h"
 #include "train/loop.h"
+#include "train/tensorboard.h"
 
 namespace dflash::train::detail {
 
@@ -57,6 +58,7 @@ struct Run {
   StepFn fn;
   models::TrainerState st;
   std::ofstream metrics;
+  std::unique_ptr<TensorBoardWriter> tensorboard;  // train.report_to = "tensorboard"
   double tokens_per_step = 0;
   bool resumed = false;
   std::vector<std::string> damaged;    // --resume: newer damaged checkpoints, set aside at start

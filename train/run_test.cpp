@@ -349,9 +349,10 @@ TEST(DefaultRun, HeldOutTauRises) {
   std::ofstream(ck + "/config.json") << dj.dump();
   const Shell bad = sh(dflash() + " eval " + ck + " --num-prompts 1");
   EXPECT_NE(bad.code, 0);
-  EXPECT_NE(bad.out.find("config.json: dflash_config.target_layer_ids: 4 is not a layer of the "
-                         "target (it has 4); not evaluating"),
-            std::string::npos)
+  EXPECT_NE(
+      bad.out.find("config.json: dflash_config.target_layer_ids: expected layer ids in [0, 4) "
+                   "(target.num_hidden_layers = 4"),
+      std::string::npos)
       << bad.out;
   const nlohmann::json samples = nlohmann::json::parse(slurp(tmp / "run/samples.json"));
   EXPECT_EQ(samples["tokenizer"], "byte");

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "core/byte_tokenizer.h"
 #include "core/device.h"
 #include "optimized/target.h"
 
@@ -38,7 +39,14 @@ nlohmann::json draft_samples(const SampleSource& s, const data::Dataset& eval, i
                              int64_t anchors) {
   const Config& c = *s.c;
   const int64_t bs = c.data.block_size;
-  nlohmann::json out = {{"tokenizer", c.data.byte_text() ? "byte" : "ids"},
+  // Byte text, or a target that ships the byte tokenizer: drafts are decoded.
+  const bool bytes =
+      c.data.byte_text() || (c.target.source == "hf" && has_byte_tokenizer(c.target.path));
+  // What the reference column holds: the target's own continuations
+  // (self-distillation), or the dataset's tokens.
+  const bool by_target = c.data.source == "self_distill";
+  nlohmann::json out = {{"tokenizer", bytes ? "byte" : "ids"},
+                        {"reference", by_target ? "target" : "dataset"},
                         {"block_size", bs},
                         {"samples", nlohmann::json::array()}};
   at::NoGradGuard ng;
