@@ -77,6 +77,12 @@ void parse_jsonl_line(const Config& c, const std::string& line, const std::strin
   }
   if (!j.is_object())
     throw DataError(fmt::format("{}: expected a JSON object, found {}", where, j.type_name()));
+  if (!j.contains("input_ids") && j.contains("text"))
+    throw DataError(fmt::format(
+        "{}: input_ids: expected token ids, found a \"text\" field: data.source = \"jsonl\" "
+        "reads pre-tokenised rows {{\"input_ids\", \"loss_mask\"}}; for text use data.source "
+        "= \"text\" (byte-tokenized)",
+        where));
   ids = json_ints(j, "input_ids", where);
   mask = json_ints(j, "loss_mask", where);
   if (ids.size() != mask.size())
@@ -235,9 +241,27 @@ Dataset parse_jsonl(const Config& c, const std::string& text, const std::string&
     parse_jsonl_line(c, line, fmt::format("{}:{}", path, lineno), all_ids.back(), all_mask.back());
   }
   if (all_ids.empty()) throw DataError(fmt::format("{}: expected JSONL samples, found none", path));
-  Dataset d = make_packed(path, int64_t(all_ids.size()), c.data.seq_len);
-  for (size_t r = 0; r < all_ids.size(); ++r)
-    pack_row(all_ids[r], all_mask[r], d.input_ids, d.loss_mask, int64_t(r));
+  // A row longer than seq_len becomes several samples of seq_len tokens (the
+  // last one padded), as text does: nothing is cut away unsaid.
+  const size_t S = size_t(c.data.seq_len);
+  std::vector<std::pair<size_t, size_t>> pieces;  // (row, first token)
+  int64_t long_rows = 0;
+  for (size_t r = 0; r < all_ids.size(); ++r) {
+    long_rows += all_ids[r].size() > S;
+    for (size_t o = 0; o < all_ids[r].size(); o += S) pieces.emplace_back(r, o);
+  }
+  Dataset d = make_packed(path, int64_t(pieces.size()), c.data.seq_len);
+  for (size_t k = 0; k < pieces.size(); ++k) {
+    const auto [r, o] = pieces[k];
+    const size_t e = std::min(all_ids[r].size(), o + S);
+    pack_row({all_ids[r].begin() + long(o), all_ids[r].begin() + long(e)},
+             {all_mask[r].begin() + long(o), all_mask[r].begin() + long(e)}, d.input_ids,
+             d.loss_mask, int64_t(k));
+  }
+  if (long_rows > 0)
+    d.label += fmt::format(" ({} of {} rows longer than data.seq_len = {} split into {} samples)",
+                           long_rows, all_ids.size(), S,
+                           int64_t(pieces.size()) - int64_t(all_ids.size()) + long_rows);
   return d;
 }
 

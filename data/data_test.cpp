@@ -4,10 +4,12 @@
 // data cursor is a pure function of the micro-batch index.
 #include "data/data.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <set>
 
 #include "core/init.h"
@@ -136,6 +138,47 @@ TEST(Data, CursorIsAPureFunctionOfTheMicroBatchIndex) {
   for (int64_t g = 0; g < 5; ++g) rows_of(train_batch(c, d, g).input_ids, seen);
   rows_of(d.input_ids, all);
   EXPECT_EQ(seen, all);
+}
+
+}  // namespace
+}  // namespace dflash::data
+
+namespace dflash::data {
+namespace {
+
+// Issue 39: a JSONL row longer than seq_len is split into samples of seq_len
+// tokens (the last padded), nothing cut unsaid; the summary label says so.
+TEST(DataJsonl, RowsLongerThanSeqLenAreSplitNotCut) {
+  TmpDir tmp;
+  Config c = data_config("jsonl", tmp / "d.jsonl");
+  const int64_t S = c.data.seq_len;
+  std::vector<int64_t> ids, mask;
+  for (int64_t t = 0; t < 2 * S + 3; ++t) ids.push_back(1 + t % 20), mask.push_back(t % 3 != 0);
+  nlohmann::json row = {{"input_ids", ids}, {"loss_mask", mask}};
+  std::ofstream(tmp / "d.jsonl") << R"({"input_ids": [1, 2], "loss_mask": [1, 1]})"
+                                 << "\n"
+                                 << row.dump() << "\n";
+  const Dataset d = read_jsonl(c, c.data.path);
+  ASSERT_EQ(d.size(), 4);  // the short row, then three pieces of the long one
+  for (int64_t k = 0; k < 3; ++k)
+    for (int64_t s = 0; s < S; ++s) {
+      const int64_t t = k * S + s;
+      EXPECT_EQ(d.input_ids[1 + k][s].item<int64_t>(), t < int64_t(ids.size()) ? ids[t] : 0);
+      EXPECT_EQ(d.loss_mask[1 + k][s].item<bool>(), t < int64_t(ids.size()) && mask[t] != 0);
+    }
+  EXPECT_NE(d.label.find(
+                fmt::format("1 of 2 rows longer than data.seq_len = {} split into 3 samples", S)),
+            std::string::npos)
+      << d.label;
+}
+
+TEST(DataJsonl, TextRowsGetAHintToUseTheTextSource) {
+  TmpDir tmp;
+  std::ofstream(tmp / "d.jsonl") << R"({"text": "hello"})"
+                                 << "\n";
+  const Config c = data_config("jsonl", tmp / "d.jsonl");
+  expect_error([&] { read_jsonl(c, c.data.path); },
+               {"d.jsonl:1", "input_ids", "data.source = \"text\""});
 }
 
 }  // namespace

@@ -46,14 +46,15 @@ std::string resolve_checkpoint(const std::string& path) {
 
 namespace {
 
-std::vector<int64_t> ids_of_json(const nlohmann::json& ids, const std::string& where, int64_t V) {
+std::vector<int64_t> ids_of_json(const nlohmann::json& ids, const std::string& where, int64_t V,
+                                 const std::string& key = "ids") {
   if (!ids.is_array() || ids.empty())
-    throw std::runtime_error(where + ": ids: expected a non-empty array");
+    throw std::runtime_error(where + ": " + key + ": expected a non-empty array");
   std::vector<int64_t> out;
   for (const auto& t : ids) {
     if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= V)
       throw std::runtime_error(
-          fmt::format("{}: ids: {} is not a token id in [0, {})", where, t.dump(), V));
+          fmt::format("{}: {}: {} is not a token id in [0, {})", where, key, t.dump(), V));
     out.push_back(t.get<int64_t>());
   }
   return out;
@@ -179,13 +180,16 @@ std::vector<std::vector<int64_t>> read_prompt_file(const std::string& path, bool
     if (jsonl) {
       const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
       if (!j.is_object()) throw std::runtime_error(where + ": not a JSON object");
-      if (j.contains("ids")) {
-        out.push_back(ids_of_json(j["ids"], where, V));
+      if (j.contains("ids") || j.contains("input_ids")) {  // input_ids: as training data names them
+        const char* key = j.contains("ids") ? "ids" : "input_ids";
+        out.push_back(ids_of_json(j[key], where, V, key));
         if (where_out) where_out->push_back(where);
         continue;
       }
       if (!j.contains("text") || !j["text"].is_string())
-        throw std::runtime_error(where + ": expected {\"text\": string} or {\"ids\": [...]}");
+        throw std::runtime_error(where +
+                                 ": expected {\"text\": string} or {\"input_ids\": [...]} "
+                                 "(or \"ids\")");
       text = j["text"].get<std::string>();
     }
     if (!byte_text)

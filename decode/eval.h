@@ -53,7 +53,8 @@ nlohmann::json recorded_config(const models::Checkpoint& ck, const std::string& 
 void check_drafter_config(const nlohmann::json& drafter, const std::string& file,
                           const TargetConfig& t, const std::string& target_dir, int64_t block_size);
 
-// Prompts from a file: `.jsonl` lines of {"text": ...} or {"ids": [...]},
+// Prompts from a file: `.jsonl` lines of {"text": ...} or {"input_ids": [...]}
+// (the training data's name; "ids" also reads),
 // otherwise one UTF-8 text prompt per non-empty line. Text needs a byte
 // tokenizer (`byte_text`); errors name the file and line.
 // `where`, when given, receives "FILE:LINE" of each prompt.

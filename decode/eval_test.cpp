@@ -109,9 +109,12 @@ TEST(Eval, PromptFilesAreReadOrRefusedNamingTheLine) {
   EXPECT_EQ(
       read_prompt_file(txt.path.string(), true, 259),
       (std::vector<std::vector<int64_t>>{{'H', 'e', 'l', 'l', 'o'}, {'w', 'o', 'r', 'l', 'd'}}));
-  TmpFile js("p.jsonl", "{\"text\": \"ab\"}\n{\"ids\": [1, 258]}\n");
+  TmpFile js("p.jsonl", "{\"text\": \"ab\"}\n{\"ids\": [1, 258]}\n{\"input_ids\": [5]}\n");
   EXPECT_EQ(read_prompt_file(js.path.string(), true, 259),
-            (std::vector<std::vector<int64_t>>{{'a', 'b'}, {1, 258}}));
+            (std::vector<std::vector<int64_t>>{{'a', 'b'}, {1, 258}, {5}}));
+  EXPECT_NE(prompt_error("f.jsonl", "{\"input_ids\": [259]}\n", true)
+                .find(":1: input_ids: 259 is not a token id"),
+            std::string::npos);
   EXPECT_NE(
       prompt_error("a.jsonl", "{\"ids\": [1, 259]}\n", true).find(":1: ids: 259 is not a token id"),
       std::string::npos);
