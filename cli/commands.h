@@ -61,6 +61,9 @@ struct LaunchArgs {
 };
 int cmd_launch(const LaunchArgs& a);
 
+// `dflash prepare ARGS...`: python -m dflash.prepare ARGS... (cli/prepare.cpp).
+int cmd_prepare(const std::vector<std::string>& args);
+
 struct InspectArgs {
   std::string file;
   std::string json;  // --json F ("-" = stdout)

@@ -386,6 +386,18 @@ void add_inspect(CLI::App& app, Subcommands& subs) {
   subs.add(i, [a] { return cmd_inspect(*a); });
 }
 
+// `prepare` is Python (transformers renders chat templates): every argument,
+// --help included, goes to python/dflash/prepare.py.
+void add_prepare(CLI::App& app, Subcommands& subs) {
+  auto* p = app.add_subcommand(
+      "prepare",
+      "Chat data (ShareGPT / OpenAI JSON or JSONL) through the target's tokenizer and chat "
+      "template into dflash train's JSONL, assistant-only loss mask (docs/CHAT_DATA.md)");
+  p->prefix_command();
+  p->set_help_flag();
+  subs.add(p, [p] { return cmd_prepare(p->remaining()); });
+}
+
 void add_env(CLI::App& app, Subcommands& subs) {
   auto a = std::make_shared<EnvArgs>();
   auto* e = app.add_subcommand("env",
@@ -464,6 +476,7 @@ int main(int argc, char** argv) {
   add_train_and_launch(app, subs, launch);
   add_env(app, subs);
   add_inspect(app, subs);
+  add_prepare(app, subs);
   // Commands that build model-sized tensors check the planner's estimate
   // first (harness/memory_guard.h); this flag lets them allocate anyway.
   bool ignore_memory_plan = false;

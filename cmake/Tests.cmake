@@ -67,7 +67,7 @@ foreach(src ${DFLASH_TEST_SOURCES})
                # second NAME=VALUE is read as a property name and dropped. Tests
                # find the sources through the working directory (DFLASH_SOURCE_DIR
                # defaults to it) and the binary through DFLASH_BINARY.
-               ENVIRONMENT "DFLASH_BINARY=$<TARGET_FILE:dflash>"
+               ENVIRONMENT "DFLASH_BINARY=$<TARGET_FILE:dflash>;PYTHONPATH=${PROJECT_SOURCE_DIR}/python"
                ENVIRONMENT_MODIFICATION "${dflash_test_env_mod}")
 endforeach()
 
@@ -145,17 +145,21 @@ set_tests_properties(cli.safetensors_interop cli.hf_qwen3_interop
 # pytest with the torch environment's python: ctest name <area>.<name>. A
 # test that skips (a missing optional environment, e.g. speculators) is
 # reported as skipped by ctest, with pytest's reason in the output.
-file(GLOB DFLASH_PY_TESTS CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/*/*_test.py)
+file(GLOB DFLASH_PY_TESTS CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/*/*_test.py
+     ${PROJECT_SOURCE_DIR}/python/dflash/*_test.py)
 foreach(src ${DFLASH_PY_TESTS})
   get_filename_component(name ${src} NAME_WE)
   get_filename_component(dir ${src} DIRECTORY)
   get_filename_component(area ${dir} NAME)
+  if(area STREQUAL "dflash")
+    set(area python)  # python/dflash/*_test.py: the package's own tests
+  endif()
   string(REGEX REPLACE "_test$" "" short ${name})
   add_test(NAME ${area}.${short}
     COMMAND ${dflash_test_python} -m pytest -q -rs -p no:cacheprovider ${src}
     WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
   set_tests_properties(${area}.${short} PROPERTIES LABELS quick
-    ENVIRONMENT "DFLASH_BINARY=$<TARGET_FILE:dflash>"
+    ENVIRONMENT "DFLASH_BINARY=$<TARGET_FILE:dflash>;PYTHONPATH=${PROJECT_SOURCE_DIR}/python"
     SKIP_REGULAR_EXPRESSION "SKIPPED \\[")
 endforeach()
 # The GitHub Actions workflows parse (PyYAML, in the torch environment
