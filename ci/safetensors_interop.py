@@ -30,9 +30,9 @@ CODES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16",
 
 
 def fnv1a64(t):
-    h = 1469598103934665603
+    h = 0xCBF29CE484222325  # FNV-1a 64 offset basis
     for b in t.contiguous().view(-1).view(torch.uint8).tolist() if t.numel() else []:
-        h = ((h ^ b) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
     return f"{h:016x}"
 
 

@@ -11,6 +11,7 @@
 #include "core/config.h"
 #include "core/device.h"
 #include "core/env.h"
+#include "core/hash.h"
 #include "core/safetensors.h"
 #include "core/step.h"
 #include "decode/export.h"
@@ -174,10 +175,7 @@ namespace {
 // recompute in a few lines (ci/safetensors_interop.py does).
 uint64_t fnv1a64(const at::Tensor& t) {
   const at::Tensor c = t.contiguous();
-  const auto* p = static_cast<const uint8_t*>(c.data_ptr());
-  uint64_t h = 1469598103934665603ull;
-  for (size_t i = 0, n = size_t(c.nbytes()); i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
-  return h;
+  return dflash::fnv1a64(c.data_ptr(), size_t(c.nbytes()));
 }
 }  // namespace
 

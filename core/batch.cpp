@@ -7,6 +7,8 @@
 #include <stdexcept>
 #include <vector>
 
+#include "core/hash.h"
+
 namespace dflash {
 
 uint64_t Rng::below(uint64_t n) {
@@ -46,8 +48,7 @@ uint64_t splitmix64(uint64_t x) {
 }  // namespace
 
 uint64_t derive_seed(uint64_t seed, const std::string& stream, uint64_t index) {
-  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a
-  for (unsigned char c : stream) h = (h ^ c) * 0x100000001b3ull;
+  const uint64_t h = fnv1a64(stream);
   return splitmix64(splitmix64(splitmix64(seed) ^ h) ^ index);
 }
 

@@ -2,7 +2,8 @@
 // precomputed into safetensors shards so training need not load the target.
 //
 // DIR/features.json   {"format": "dflash-features-v1", vocab_size, hidden_size,
-//                      seq_len, target_layer_ids, dtype, target: {...},
+//                      seq_len, target_layer_ids, mask_token_id, dtype,
+//                      target_identity (the target's config hash), config,
 //                      "train": [{"file", "samples"}...], "eval": [...]}
 // DIR/train-00000.safetensors ...  input_ids (n, S) int64, loss_mask (n, S) uint8,
 //                                  features (n, S, L*H), target_hidden (n, S, H)
@@ -15,6 +16,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "core/files.h"
+#include "core/hash.h"
 #include "core/safetensors.h"
 #include "core/step.h"
 #include "data/data.h"
@@ -49,6 +52,18 @@ nlohmann::json read_index(const std::string& dir) {
   return j;
 }
 
+// Which target wrote a features directory: FNV-1a 64 of a Hugging Face
+// target's config.json, or of a fixture target's section and seed.
+std::string target_identity(const Config& c) {
+  if (c.target.source == "hf") {
+    const std::string file = (fs::path(c.target.path) / "config.json").string();
+    return fmt::format("hf {} fnv1a64 {:016x}", c.target.path,
+                       fnv1a64(read_whole_file<DataError>(file, "the target's config.json")));
+  }
+  return fmt::format("fixture seed {} fnv1a64 {:016x}", c.run.seed,
+                     fnv1a64(config_to_json(c)["target"].dump()));
+}
+
 // The directory must have been written for this config's target and taps.
 void check_index(const Config& c, const nlohmann::json& j, const std::string& dir) {
   const std::string file = (fs::path(dir) / kIndex).string();
@@ -63,6 +78,17 @@ void check_index(const Config& c, const nlohmann::json& j, const std::string& di
   same("seq_len", c.data.seq_len, "data.seq_len");
   same("target_layer_ids", c.drafter.target_layer_ids, "drafter.target_layer_ids");
   same("mask_token_id", c.data.mask_token_id, "data.mask_token_id");
+  same("dtype", dtype_name(c.run.dtype), "run.dtype");
+  // Another target with the same shapes (directories from before the
+  // identity was recorded are read unchecked).
+  if (j.contains("target_identity")) {
+    const std::string here = target_identity(c), there = j.value("target_identity", "");
+    // The path may differ (a moved tree): the hash is what identifies it.
+    if (there.substr(there.rfind(' ') + 1) != here.substr(here.rfind(' ') + 1))
+      throw DataError(fmt::format(
+          "{}: target_identity: written by another target ({}), not the config's ({}: {})", file,
+          there, c.path, here));
+  }
 }
 
 at::Tensor shard_tensor(const safetensors::File& f, const char* name, std::vector<int64_t> shape) {
@@ -189,6 +215,7 @@ int write_features(const Config& c, const std::string& out_dir, int64_t shard_sa
                         {"target_layer_ids", c.drafter.target_layer_ids},
                         {"mask_token_id", c.data.mask_token_id},
                         {"dtype", dtype_name(c.run.dtype)},
+                        {"target_identity", target_identity(c)},
                         {"config", config_to_json(c)}};
     j["train"] = write_split(c, target, data.train, "train", tmp, shard_samples);
     j["eval"] = write_split(c, target, data.eval, "eval", tmp, shard_samples);

@@ -18,6 +18,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "core/device.h"
+#include "core/hash.h"
 
 namespace dflash::dist {
 namespace {
@@ -86,9 +87,7 @@ std::string local_address_towards(const std::string& master_addr) {
 uint64_t config_hash(const Config& c) {
   nlohmann::json j = config_to_json(c);
   j["run"].erase("threads");  // a per-machine setting, not part of the run
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char ch : j.dump()) h = (h ^ ch) * 0x100000001b3ull;
-  return h;
+  return fnv1a64(j.dump());
 }
 
 Cluster::Cluster(const Config& c, const Env& env)

@@ -13,6 +13,7 @@
 #include "core/batch.h"
 #include "core/byte_tokenizer.h"
 #include "core/files.h"
+#include "core/hash.h"
 #include "core/init.h"
 #include "core/optim.h"
 #include "core/safetensors.h"
@@ -26,12 +27,6 @@
 namespace dflash::train {
 namespace fs = std::filesystem;
 namespace {
-
-uint64_t fnv1a(const std::string& s) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char ch : s) h = (h ^ ch) * 1099511628211ull;
-  return h;
-}
 
 struct Corpus {
   std::vector<int64_t> train, heldout;  // token streams, each document + end
@@ -54,7 +49,7 @@ Corpus read_corpus(const LmRecipe& r) {
     dst.insert(dst.end(), d.ids.begin(), d.ids.end());
     dst.push_back(ByteTokenizer::kEnd);
     c.listing += fmt::format("  {:<12} {:>7} bytes  fnv1a64 {:016x}{}\n", name, d.ids.size(),
-                             fnv1a(ByteTokenizer::decode(d.ids)), held ? "  (held out)" : "");
+                             fnv1a64(ByteTokenizer::decode(d.ids)), held ? "  (held out)" : "");
   }
   if (!found_holdout)
     throw std::runtime_error(fmt::format("{}: --holdout {}: no such file", r.corpus, r.holdout));

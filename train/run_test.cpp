@@ -188,6 +188,10 @@ TEST(Features, ADirectoryForAnotherTapIsRefused) {
   refused("target_layer_ids = [1, 2]", "target_layer_ids = [0, 2]",
           "features.json: target_layer_ids");
   refused("mask_token_id = 63", "mask_token_id = 62", "features.json: mask_token_id");
+  // Another target of the same shapes (its seeded init differs).
+  refused("init_std = 0.2\n[drafter]", "init_std = 0.3\n[drafter]",
+          "features.json: target_identity: written by another target");
+  refused("dtype = \"float64\"", "dtype = \"float32\"", "features.json: dtype");
   const Shell zero = sh(dflash() + " features --config " + online.config + " --out " +
                         (online.tmp / "feat0") + " --shard-samples 0");
   EXPECT_NE(zero.code, 0);
