@@ -31,15 +31,13 @@ at::ScalarType export_dtype(const std::string& d) {
   throw std::runtime_error("--dtype: expected bfloat16 or float32, found " + d);
 }
 
-// The Qwen3 fields of the drafter, its layers all full (bidirectional) attention.
-nlohmann::json drafter_qwen3(const Config& c, const std::string& dtype) {
-  nlohmann::json j = models::qwen3_fields(c.drafter.shape, c.target.vocab_size,
-                                          c.drafter.num_hidden_layers, false, dtype);
+// The drafter's layers are all full attention: the engines keep them
+// non-causal (bidirectional within a block), as they were trained.
+void full_attention(nlohmann::json& j, const Config& c) {
   j["layer_types"] =
       std::vector<std::string>(size_t(c.drafter.num_hidden_layers), "full_attention");
   j["use_sliding_window"] = false;
   j["sliding_window"] = nullptr;
-  return j;
 }
 
 // A tensor of a drafter directory, read as the file stores it.
@@ -112,13 +110,10 @@ void write_export(const fs::path& out, const nlohmann::json& cfg,
 }  // namespace
 
 nlohmann::json zlab_config_json(const Config& c, const std::string& dtype) {
-  nlohmann::json j = drafter_qwen3(c, dtype);
-  j["architectures"] = {"DFlashDraftModel"};
-  j["block_size"] = c.data.block_size;
-  j["num_target_layers"] = c.target.num_hidden_layers;
-  j["dflash_config"] = {{"mask_token_id", c.data.mask_token_id},
-                        {"target_layer_ids", c.drafter.target_layer_ids},
-                        {"block_size", c.data.block_size}};
+  nlohmann::json j = models::drafter_config_json(c);  // a checkpoint's config.json, plus:
+  full_attention(j, c);
+  j["torch_dtype"] = dtype;
+  j["dflash_config"]["block_size"] = c.data.block_size;  // SGLang reads this one first
   return j;
 }
 
@@ -127,8 +122,10 @@ nlohmann::json speculators_config_json(const Config& c, const std::string& dtype
                                        const nlohmann::json& verifier_architectures) {
   std::vector<int64_t> aux;  // Hugging Face hidden_states indices: layer i's output is i + 1
   for (int64_t id : c.drafter.target_layer_ids) aux.push_back(id + 1);
-  nlohmann::json layer = drafter_qwen3(c, dtype);
+  nlohmann::json layer = models::qwen3_fields(c.drafter.shape, c.target.vocab_size,
+                                              c.drafter.num_hidden_layers, false, dtype);
   layer.erase("torch_dtype");
+  full_attention(layer, c);
   return {{"architectures", {"DFlashSpeculator"}},
           {"speculators_model_type", "dflash"},
           {"speculators_version", kSpeculatorsVersion},
