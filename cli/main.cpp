@@ -356,6 +356,7 @@ void add_train_and_launch(CLI::App& app, Subcommands& subs, LaunchArgs& launch) 
     std::string config, out;
     std::vector<std::string> set;
     int64_t shard = 256;
+    std::string engine = "auto";
   };
   auto fa = std::make_shared<FeatureArgs>();
   auto* fe = app.add_subcommand("features",
@@ -365,8 +366,13 @@ void add_train_and_launch(CLI::App& app, Subcommands& subs, LaunchArgs& launch) 
   add_set(fe, fa->set);
   fe->add_option("--out", fa->out, "Output directory (must not exist)")->required();
   fe->add_option("--shard-samples", fa->shard, "Samples per shard");
+  fe->add_option("--engine", fa->engine,
+                 "Who runs the target: dflash (qwen3, llama), transformers (any architecture "
+                 "it loads; target.source = \"hf\"), or auto (dflash when it can)")
+      ->check(CLI::IsMember({"auto", "dflash", "transformers"}));
   subs.add(fe, [fa] {
-    return data::write_features(load_config(fa->config, fa->set), fa->out, fa->shard);
+    return data::write_features(load_config(fa->config, fa->set), fa->out, fa->shard,
+                                {fa->engine, torch_python(), python_dir()});
   });
 
   auto run_dir = std::make_shared<std::string>();

@@ -1,7 +1,8 @@
 // `dflash prepare`: chat data through the target's tokenizer and chat
 // template (docs/CHAT_DATA.md). The work is Python (transformers renders the
 // template, python/dflash/prepare.py); this runs that module with the torch
-// environment's python, this checkout's python/ first on its path.
+// environment's python, this checkout's python/ first on its path. The
+// same python runs `dflash features --engine transformers`.
 #include <unistd.h>
 
 #include <cstdio>
@@ -12,9 +13,15 @@
 
 namespace dflash::cli {
 
-int cmd_prepare(const std::vector<std::string>& args) {
+std::string torch_python() {
   const char* env = std::getenv("DFLASH_PYTHON");
-  const std::string python = env && *env ? env : DFLASH_PYTHON;
+  return env && *env ? env : DFLASH_PYTHON;
+}
+
+std::string python_dir() { return DFLASH_PYTHON_DIR; }
+
+int cmd_prepare(const std::vector<std::string>& args) {
+  const std::string python = torch_python();
   const char* path = std::getenv("PYTHONPATH");
   const std::string pythonpath =
       std::string(DFLASH_PYTHON_DIR) + (path && *path ? std::string(":") + path : "");

@@ -79,7 +79,7 @@ add_test(NAME cli.every_subcommand_has_help
   COMMAND bash ${PROJECT_SOURCE_DIR}/ci/cli_tests.sh help $<TARGET_FILE:dflash>
   WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
 foreach(case face bad_config hostile_configs optimized_step bench_smoke parity parity_failures preflight plan env bootstrap_check
-             report_in_browser)
+             report_in_browser recipes)
   add_test(NAME cli.${case}
     COMMAND bash ${PROJECT_SOURCE_DIR}/ci/cli_tests.sh ${case} $<TARGET_FILE:dflash>
     WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
@@ -141,6 +141,13 @@ add_test(NAME cli.hf_qwen3_interop
   WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
 set_tests_properties(cli.safetensors_interop cli.hf_qwen3_interop
   PROPERTIES LABELS quick SKIP_RETURN_CODE 77)
+# The chat-record parser's fuzz target (Python: atheris under ci/fuzz.sh)
+# replays its corpus, seeds and regression inputs, as a quick test.
+add_test(NAME fuzz.chat_records_corpus
+  COMMAND ${dflash_test_python} ${PROJECT_SOURCE_DIR}/fuzz/chat_records_fuzz.py
+          ${PROJECT_SOURCE_DIR}/fuzz/corpus/chat_records
+  WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+set_tests_properties(fuzz.chat_records_corpus PROPERTIES LABELS quick)
 # Python tests beside the code they cover (`<area>/<name>_test.py`), run by
 # pytest with the torch environment's python: ctest name <area>.<name>. A
 # test that skips (a missing optional environment, e.g. speculators) is

@@ -327,6 +327,7 @@ void read_target(const toml::table& root, Config& c, Config& dflt, const std::st
     check_same_as_hf(c, dflt, label);
     c.target.max_position_embeddings = dflt.target.max_position_embeddings;
   }
+  c.target.shape.qk_norm = c.target.architecture != "llama";  // Llama has no q/k norm
   t.reject_unknown();
 }
 
@@ -334,6 +335,9 @@ void read_target(const toml::table& root, Config& c, Config& dflt, const std::st
 // SPEC.md's rule unless given.
 void read_drafter(const toml::table& root, Config& c, Config& dflt, const std::string& label) {
   Section d(section_table(root, label, "drafter", true), label, "drafter");
+  // Only the shape keys are the target's: qk_norm and rope_scaling are not
+  // keys of [drafter], so the drafter keeps the Hugging Face DFlash layout
+  // (q/k norm, plain RoPE) whatever the target.
   dflt.drafter.shape = c.target.shape;
   read_fields(d, "drafter", c, dflt, false, label);
   // The default ids are computed only for a layer count inside its range:
@@ -495,94 +499,6 @@ Config parse_config_json(const nlohmann::json& j, const std::string& label) {
   if (!j.is_object())
     throw ConfigError(fmt::format("{}: expected a JSON object, found {}", label, j.type_name()));
   return from_table(json_object_to_toml(j, label), label);
-}
-
-namespace {
-
-[[noreturn]] void hf_fail(const std::string& file, const std::string& key,
-                          const std::string& expected, const nlohmann::json& found) {
-  throw ConfigError(fmt::format("{}: {}: expected {}, found {}", file, key, expected,
-                                found.is_null() ? std::string("nothing") : found.dump()));
-}
-
-// An integer of config.json held to the range of the TOML key it fills
-// (target.<key>); JSON integers beyond int64 are refused, not used wrapped.
-int64_t hf_int(const nlohmann::json& j, const std::string& file, const char* key,
-               std::optional<int64_t> def = std::nullopt) {
-  if (!j.contains(key) || j[key].is_null()) {
-    if (def) return *def;
-    hf_fail(file, key, "an integer (required)", nullptr);
-  }
-  const nlohmann::json& v = j[key];
-  const ConfigRange& r = config_range(std::string("target.") + key);
-  const std::string expected = fmt::format("an integer in {} (docs/CONFIG.md)", r.text());
-  if (!v.is_number_integer()) hf_fail(file, key, expected, v);
-  const int64_t x = v.get<int64_t>();  // beyond int64 wraps negative: out of every range
-  if (!r.contains_int(x)) hf_fail(file, key, expected, v);
-  return x;
-}
-
-double hf_number(const nlohmann::json& j, const std::string& file, const char* key, double def) {
-  if (!j.contains(key) || j[key].is_null()) return def;
-  const ConfigRange& r = config_range(std::string("target.") + key);
-  const std::string expected = fmt::format("a number in {} (docs/CONFIG.md)", r.text());
-  if (!j[key].is_number()) hf_fail(file, key, expected, j[key]);
-  const double x = j[key].get<double>();
-  if (!r.contains(x)) hf_fail(file, key, expected, j[key]);
-  return x;
-}
-
-void hf_check_architecture(const nlohmann::json& j, const std::string& file) {
-  const nlohmann::json& a = j.contains("architectures") ? j["architectures"] : nlohmann::json();
-  const bool ok = a.is_array() && std::any_of(a.begin(), a.end(), [](const nlohmann::json& x) {
-                    return x == "Qwen3ForCausalLM";
-                  });
-  if (!ok)
-    hf_fail(file, "architectures", "[\"Qwen3ForCausalLM\"] (the supported target architecture)", a);
-  if (j.contains("model_type") && j["model_type"] != "qwen3")
-    hf_fail(file, "model_type", "\"qwen3\"", j["model_type"]);
-  if (j.contains("hidden_act") && j["hidden_act"] != "silu")
-    hf_fail(file, "hidden_act", "\"silu\" (SwiGLU)", j["hidden_act"]);
-  if (j.contains("attention_bias") && j["attention_bias"] != false)
-    hf_fail(file, "attention_bias", "false (no biases)", j["attention_bias"]);
-  if (j.contains("use_sliding_window") && j["use_sliding_window"] != false)
-    hf_fail(file, "use_sliding_window", "false (full causal attention)", j["use_sliding_window"]);
-  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null())
-    hf_fail(file, "rope_scaling", "null (plain RoPE)", j["rope_scaling"]);
-}
-
-}  // namespace
-
-TargetConfig read_hf_config(const std::string& dir) {
-  const std::string file = dir + "/config.json";
-  TargetConfig c = parse_hf_config(
-      read_whole_file<ConfigError>(file, fmt::format("(target.path = \"{}\")", dir)), file);
-  c.path = dir;
-  return c;
-}
-
-TargetConfig parse_hf_config(const std::string& text, const std::string& file) {
-  const nlohmann::json j = parse_json<ConfigError>(text, file);
-  if (!j.is_object()) hf_fail(file, "(root)", "a JSON object", j);
-  hf_check_architecture(j, file);
-  TargetConfig c;
-  c.source = "hf";
-  c.vocab_size = hf_int(j, file, "vocab_size");
-  c.num_hidden_layers = hf_int(j, file, "num_hidden_layers");
-  LayerShape& s = c.shape;
-  s.hidden_size = hf_int(j, file, "hidden_size");
-  s.num_attention_heads = hf_int(j, file, "num_attention_heads");
-  s.num_key_value_heads = hf_int(j, file, "num_key_value_heads", s.num_attention_heads);
-  s.head_dim = hf_int(j, file, "head_dim", 128);  // Qwen3Config's default
-  s.intermediate_size = hf_int(j, file, "intermediate_size");
-  s.rope_theta = hf_number(j, file, "rope_theta", 10000.0);  // Qwen3Config's default
-  s.rms_norm_eps = hf_number(j, file, "rms_norm_eps", 1e-6);
-  if (j.contains("tie_word_embeddings") && !j["tie_word_embeddings"].is_boolean())
-    hf_fail(file, "tie_word_embeddings", "true or false", j["tie_word_embeddings"]);
-  c.tie_word_embeddings = j.value("tie_word_embeddings", false);
-  if (j.contains("max_position_embeddings") && !j["max_position_embeddings"].is_null())
-    c.max_position_embeddings = hf_int(j, file, "max_position_embeddings");
-  return c;
 }
 
 std::vector<int64_t> default_target_layer_ids(int64_t nt, int64_t nd) {

@@ -21,6 +21,17 @@ struct ConfigError : std::runtime_error {
 enum class DType { kFloat32, kFloat64, kBFloat16 };
 const char* dtype_name(DType d);
 
+// RoPE frequency scaling of a Hugging Face config.json (rope_parameters /
+// rope_scaling): type "" is plain RoPE; "llama3" is Llama 3.1's (wavelengths
+// past original/low_freq_factor slowed by `factor`, a smooth ramp between).
+struct RopeScaling {
+  std::string type;  // "" or "llama3"
+  double factor = 8.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int64_t original_max_position_embeddings = 8192;
+};
+
 // Attention/MLP shape shared by target and drafter decoder layers.
 struct LayerShape {
   int64_t hidden_size = 0;
@@ -30,17 +41,23 @@ struct LayerShape {
   int64_t intermediate_size = 0;    // I
   double rope_theta = 1e6;
   double rms_norm_eps = 1e-6;
+  bool qk_norm = true;       // per-head RMSNorm of q and k (Qwen3); false: Llama
+  RopeScaling rope_scaling;  // the target's only; a drafter's RoPE is plain
 };
 
 struct TargetConfig {
   std::string source = "fixture";  // "fixture": seeded init (fixtures/); "hf": see path
-  int64_t vocab_size = 0;          // V
-  int64_t num_hidden_layers = 0;   // Nt
+  // The Hugging Face model_type. dflash runs "qwen3" and "llama" itself; any
+  // other (an hf target only, e.g. "qwen3_5_text") is run by transformers
+  // for `dflash features`, and training reads those features.
+  std::string architecture = "qwen3";
+  int64_t vocab_size = 0;         // V
+  int64_t num_hidden_layers = 0;  // Nt
   LayerShape shape;
   bool tie_word_embeddings = false;
   double init_std = 0.02;               // fixture init: N(0, init_std) weights
   double norm_init_jitter = 0.0;        // fixture init: norms 1 + jitter*N(0,1)
-  std::string path;                     // source = "hf": a Hugging Face Qwen3 model directory
+  std::string path;                     // source = "hf": a Hugging Face model directory
   int64_t max_position_embeddings = 0;  // hf: config.json's context limit; 0 = not stated
 };
 
@@ -246,7 +263,7 @@ struct ConfigField {
   void* (*member)(Config&);  // the member it fills
   Need need;
   bool from_hf;     // an hf target's config.json fills it; the file may repeat it, equal
-  bool omit_empty;  // left out of config_to_json when empty
+  bool omit_empty;  // left out of config_to_json when equal to its default
   std::optional<ConfigRange> range;  // numbers: checked by validate_config
   const char* doc;                   // docs/CONFIG.md's line
   const void* in(const Config& c) const;
@@ -265,11 +282,16 @@ const ConfigRange& config_range(const std::string& key);  // logic_error if none
 nlohmann::json config_to_json(const Config& c);
 std::string config_to_toml(const Config& c);
 
-// The target fields of a Hugging Face Qwen3 model directory's config.json
-// (architectures must name Qwen3ForCausalLM); errors name the file and key.
+// The target fields of a Hugging Face model directory's config.json
+// (core/hf_config.cpp): Qwen3ForCausalLM and LlamaForCausalLM in full, any
+// other architecture's sizes (from text_config when it has one) for a target
+// transformers runs; errors name the file and key.
 TargetConfig read_hf_config(const std::string& model_dir);
 // The same from config.json's text; `file` names it in messages.
 TargetConfig parse_hf_config(const std::string& text, const std::string& file);
+
+// Whether dflash's own target forward runs this target.architecture.
+bool native_architecture(const std::string& architecture);
 
 // SPEC.md default tap rule: L = Nd ids spread evenly over [1, Nt-3], rounded
 // half to even like Python's round(); a single tap is layer Nt div 2.

@@ -70,6 +70,18 @@ class Checker {
 void check_model(const Checker& ck, const Config& c) {
   const auto& t = c.target;
   ck.one_of("target.source", t.source, {"fixture", "hf"});
+  if (t.source == "fixture" || native_architecture(t.architecture))
+    ck.one_of("target.architecture", t.architecture, {"qwen3", "llama"});
+  else if (t.architecture.empty())
+    ck.fail("target.architecture", "the hf model_type", "an empty string");
+  if (native_architecture(t.architecture))
+    ck.one_of("target.rope_type", t.shape.rope_scaling.type, {"", "llama3"});
+  if (t.shape.rope_scaling.type == "llama3" &&
+      !(t.shape.rope_scaling.high_freq_factor > t.shape.rope_scaling.low_freq_factor))
+    ck.fail("target.rope_high_freq_factor",
+            fmt::format("more than target.rope_low_freq_factor ({})",
+                        t.shape.rope_scaling.low_freq_factor),
+            fmt::format("{}", t.shape.rope_scaling.high_freq_factor));
   ck.shape("target", t.shape);
 
   const auto& d = c.drafter;
@@ -205,8 +217,12 @@ void check_topology(const Checker& ck, const Config& c) {
   ck.ranks("topology.drafter_ranks", tp.drafter_ranks, tp.world_size);
   if (tp.drafter_ranks.empty())
     ck.fail("topology.drafter_ranks", "at least one drafter rank", "an empty list");
-  if (tp.target_ranks.empty())
-    ck.fail("topology.target_ranks", "at least one target rank", "an empty list");
+  // Features carry the target's outputs: the drafters then read them alone.
+  if (tp.target_ranks.empty() && !(tp.world_size > 1 && c.data.source == "features"))
+    ck.fail("topology.target_ranks",
+            "at least one target rank (none only with data.source = \"features\" and "
+            "world_size > 1: every drafter rank then reads the features itself)",
+            "an empty list");
   if (tp.world_size > 1) {
     std::set<int64_t> all(tp.target_ranks.begin(), tp.target_ranks.end());
     for (int64_t r : tp.drafter_ranks)

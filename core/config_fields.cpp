@@ -30,7 +30,7 @@ Range weight() { return reals(0, 1e6); }
 
 // Flags of a row.
 constexpr unsigned kFromHf = 1;     // an hf target's config.json fills it
-constexpr unsigned kOmitEmpty = 2;  // left out of the resolved form when empty
+constexpr unsigned kOmitEmpty = 2;  // left out of the resolved form when at its default
 
 #define DFLASH_AT(m) +[](Config& c) -> void* { return &c.m; }
 
@@ -96,6 +96,38 @@ void model_rows(std::vector<Row>& v) {
   v.push_back({"target.num_hidden_layers", Type::kInt, DFLASH_AT(target.num_hidden_layers),
                Need::kRequired, ints(1, 1024), "Nt", kFromHf});
   shape_rows(v, true);
+  v.push_back({"target.architecture",
+               Type::kString,
+               DFLASH_AT(target.architecture),
+               Need::kOptional,
+               {},
+               "the Hugging Face model_type: `qwen3` or `llama` (no q/k norm) run natively; "
+               "an hf target of any other type (e.g. `qwen3_5_text`) is run by transformers "
+               "for `dflash features` and trained from them (docs/TRAINING.md)",
+               kFromHf | kOmitEmpty});
+  v.push_back({"target.rope_type",
+               Type::kString,
+               DFLASH_AT(target.shape.rope_scaling.type),
+               Need::kOptional,
+               {},
+               "RoPE frequency scaling: empty (plain) or `llama3` (Llama 3.1's); the drafter's "
+               "RoPE stays plain",
+               kFromHf | kOmitEmpty});
+  v.push_back({"target.rope_factor", Type::kReal, DFLASH_AT(target.shape.rope_scaling.factor),
+               Need::kOptional, reals(1, 1e6), "llama3 RoPE: the low-frequency slow-down",
+               kFromHf | kOmitEmpty});
+  v.push_back({"target.rope_low_freq_factor", Type::kReal,
+               DFLASH_AT(target.shape.rope_scaling.low_freq_factor), Need::kOptional,
+               reals(0, 1e6, true), "llama3 RoPE: wavelengths past original/this are slowed",
+               kFromHf | kOmitEmpty});
+  v.push_back({"target.rope_high_freq_factor", Type::kReal,
+               DFLASH_AT(target.shape.rope_scaling.high_freq_factor), Need::kOptional,
+               reals(0, 1e6, true), "llama3 RoPE: wavelengths under original/this are kept",
+               kFromHf | kOmitEmpty});
+  v.push_back({"target.rope_original_max_position_embeddings", Type::kInt,
+               DFLASH_AT(target.shape.rope_scaling.original_max_position_embeddings),
+               Need::kOptional, ints(1, kTera), "llama3 RoPE: the pre-training context",
+               kFromHf | kOmitEmpty});
   v.push_back({"target.tie_word_embeddings",
                Type::kBool,
                DFLASH_AT(target.tie_word_embeddings),
@@ -485,11 +517,12 @@ nlohmann::json field_json(const ConfigField& f, const Config& c) {
 }
 
 nlohmann::json config_to_json(const Config& c) {
+  static const Config kDefault;
   nlohmann::json j;
   for (const ConfigField& f : config_fields()) {
     if (f.need == Need::kHfOnly) continue;
     nlohmann::json v = field_json(f, c);
-    if (f.omit_empty && (v.empty() || (v.is_string() && v.get<std::string>().empty()))) continue;
+    if (f.omit_empty && v == field_json(f, kDefault)) continue;
     const char* dot = std::strchr(f.key, '.');
     j[std::string(f.key, dot)][dot + 1] = std::move(v);
   }

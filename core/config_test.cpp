@@ -75,6 +75,15 @@ std::string error_of(const std::string& text) {
   return "";
 }
 
+std::string error_of_hf(const std::string& json) {
+  try {
+    parse_hf_config(json, "m/config.json");
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
 struct Rejected {
   const char* name;
   std::string text;
@@ -444,6 +453,34 @@ TEST(Config, HfConfigNumbersAreHeldToTheirRanges) {
       EXPECT_NE(msg.find(std::string("m/config.json: ") + k.expected), std::string::npos) << msg;
     }
   }
+}
+
+// transformers 5 writes the RoPE base inside rope_parameters: it is read
+// there (a silent default of 1e4 would be another model), and a top-level
+// rope_theta that disagrees is refused.
+TEST(Config, HfConfigRopeParametersOfTransformers5) {
+  const std::string base = R"({"architectures": ["LlamaForCausalLM"], "vocab_size": 64,
+      "num_hidden_layers": 4, "hidden_size": 32, "num_attention_heads": 4,
+      "intermediate_size": 48, "rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5,
+      "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+      "original_max_position_embeddings": 8192}})";
+  const TargetConfig t = parse_hf_config(base, "m/config.json");
+  EXPECT_EQ(t.architecture, "llama");
+  EXPECT_EQ(t.shape.rope_theta, 5e5);
+  EXPECT_EQ(t.shape.head_dim, 8);  // Llama's default: hidden / heads
+  EXPECT_FALSE(t.shape.qk_norm);
+  EXPECT_EQ(t.shape.rope_scaling.type, "llama3");
+  EXPECT_EQ(t.shape.rope_scaling.original_max_position_embeddings, 8192);
+  std::string bad = base;
+  bad.insert(bad.size() - 1, R"(, "rope_theta": 1e4)");
+  EXPECT_NE(error_of_hf(bad).find("rope_parameters.rope_theta: expected rope_theta's 10000"),
+            std::string::npos)
+      << error_of_hf(bad);
+  bad = base;
+  bad.replace(bad.find("\"high_freq_factor\": 4.0"), 23, "\"high_freq_factor\": 0.5");
+  EXPECT_NE(error_of_hf(bad).find("high_freq_factor: expected more than low_freq_factor"),
+            std::string::npos)
+      << error_of_hf(bad);
 }
 
 }  // namespace

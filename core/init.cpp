@@ -23,6 +23,7 @@ TargetWeights make_target(const Config& c) {
   for (const ParamSpec& s : target_specs(c))
     made[s.name] = seeded_tensor(s, c.run.seed, c.target.init_std, c.target.norm_init_jitter, dt);
   TargetWeights w;
+  w.qk_norm = c.target.shape.qk_norm;
   w.layers.resize(size_t(c.target.num_hidden_layers));
   visit(w, [&](const std::string& n, at::Tensor& t) { t = made.at(n); });
   if (c.target.tie_word_embeddings) w.lm_head = w.embed_tokens;

@@ -26,13 +26,24 @@ const LayerField kLayerFields[] = {
     {"mlp.down_proj.weight", &DecoderLayerWeights::down_proj},
 };
 
+bool is_qk_norm(const LayerField& f) {
+  return f.member == &DecoderLayerWeights::q_norm || f.member == &DecoderLayerWeights::k_norm;
+}
+
 void add_layer_specs(std::vector<ParamSpec>& out, const std::string& prefix, const LayerShape& s) {
   const int64_t H = s.hidden_size, hd = s.head_dim, I = s.intermediate_size;
   const int64_t qd = s.num_attention_heads * hd, kvd = s.num_key_value_heads * hd;
   const std::vector<std::vector<int64_t>> shapes = {
       {H}, {qd, H}, {kvd, H}, {kvd, H}, {H, qd}, {hd}, {hd}, {H}, {I, H}, {I, H}, {H, I}};
   for (size_t i = 0; i < shapes.size(); ++i)
-    out.push_back({prefix + kLayerFields[i].suffix, shapes[i], shapes[i].size() == 1});
+    if (s.qk_norm || !is_qk_norm(kLayerFields[i]))
+      out.push_back({prefix + kLayerFields[i].suffix, shapes[i], shapes[i].size() == 1});
+}
+
+void visit_layer(DecoderLayerWeights& l, const std::string& prefix, const TensorVisitor& f,
+                 bool qk_norm) {
+  for (const auto& field : kLayerFields)
+    if (qk_norm || !is_qk_norm(field)) f(prefix + field.suffix, l.*field.member);
 }
 
 at::Tensor take(const std::map<std::string, at::Tensor>& src, const ParamSpec& spec,
@@ -53,7 +64,7 @@ at::Tensor take(const std::map<std::string, at::Tensor>& src, const ParamSpec& s
 }  // namespace
 
 void visit(DecoderLayerWeights& l, const std::string& prefix, const TensorVisitor& f) {
-  for (const auto& field : kLayerFields) f(prefix + field.suffix, l.*field.member);
+  visit_layer(l, prefix, f, true);
 }
 
 std::vector<ParamSpec> drafter_specs(const Config& c) {
@@ -106,7 +117,7 @@ std::vector<ParamSpec> target_specs(const Config& c) {
 void visit(TargetWeights& w, const TensorVisitor& f) {
   f("model.embed_tokens.weight", w.embed_tokens);
   for (size_t i = 0; i < w.layers.size(); ++i)
-    visit(w.layers[i], fmt::format("model.layers.{}.", i), f);
+    visit_layer(w.layers[i], fmt::format("model.layers.{}.", i), f, w.qk_norm);
   f("model.norm.weight", w.norm);
   f("lm_head.weight", w.lm_head);
 }

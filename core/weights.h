@@ -47,8 +47,9 @@ struct FrozenWeights {
 struct TargetWeights {
   at::Tensor embed_tokens;  // (V, H)
   std::vector<DecoderLayerWeights> layers;
-  at::Tensor norm;     // (H)
-  at::Tensor lm_head;  // (V, H)
+  at::Tensor norm;      // (H)
+  at::Tensor lm_head;   // (V, H)
+  bool qk_norm = true;  // false (Llama): the layers' q_norm / k_norm are absent
   FrozenWeights frozen() const { return {embed_tokens, lm_head}; }
 };
 

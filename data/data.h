@@ -105,8 +105,19 @@ struct MicroBatch {
 MicroBatch train_batch(const Config& c, const Dataset& d, int64_t g);
 MicroBatch eval_batch(const Config& c, const Dataset& d, int64_t i);
 
+// Who runs the target for `dflash features`: dflash's own forward ("dflash",
+// qwen3 and llama targets) or transformers' model class ("transformers",
+// python/dflash/hf_features.py, any architecture it loads); "auto" picks
+// dflash when it can.
+struct FeatureEngine {
+  std::string name = "auto";
+  std::string python;      // the torch environment's python (transformers in it)
+  std::string pythonpath;  // put first on PYTHONPATH: this checkout's python/
+};
+
 // `dflash features --config C --out DIR`: runs the target over the config's
 // training and held-out sets and writes shards of `shard_samples` samples.
-int write_features(const Config& c, const std::string& out_dir, int64_t shard_samples);
+int write_features(const Config& c, const std::string& out_dir, int64_t shard_samples,
+                   const FeatureEngine& engine = {});
 
 }  // namespace dflash::data

@@ -3,17 +3,25 @@
 //
 // DIR/features.json   {"format": "dflash-features-v1", vocab_size, hidden_size,
 //                      seq_len, target_layer_ids, mask_token_id, dtype,
-//                      target_identity (the target's config hash), config,
+//                      target_identity (the target's config hash), engine
+//                      ("dflash" or "transformers X.Y.Z"), config,
 //                      "train": [{"file", "samples"}...], "eval": [...]}
 // DIR/train-00000.safetensors ...  input_ids (n, S) int64, loss_mask (n, S) uint8,
 //                                  features (n, S, L*H), target_hidden (n, S, H)
 // DIR/frozen.safetensors          embed_tokens.weight, lm_head.weight
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "core/files.h"
@@ -131,15 +139,19 @@ Dataset cat_datasets(const std::string& label, const std::vector<Dataset>& parts
   return {label, at::cat(a), at::cat(b), at::cat(f), at::cat(h)};
 }
 
+// The target's outputs for samples [s0, s0+n) of a split.
+using SplitForward =
+    std::function<reference::TargetOutputs(int64_t s0, int64_t n, const at::Tensor& ids)>;
+
 // Runs the target over `d` in chunks and writes shards; returns the index entries.
-nlohmann::json write_split(const Config& c, const TargetWeights& target, const Dataset& d,
-                           const std::string& split, const fs::path& dir, int64_t shard_samples) {
+nlohmann::json write_split(const Dataset& d, const SplitForward& forward, const std::string& split,
+                           const fs::path& dir, int64_t shard_samples) {
   nlohmann::json entries = nlohmann::json::array();
   at::NoGradGuard ng;
   for (int64_t s0 = 0, k = 0; s0 < d.size(); s0 += shard_samples, ++k) {
     const int64_t n = std::min(shard_samples, d.size() - s0);
     const at::Tensor ids = d.input_ids.narrow(0, s0, n).contiguous();
-    const reference::TargetOutputs out = optimized::target_forward(c, target, ids);
+    const reference::TargetOutputs out = forward(s0, n, ids);
     const std::string name = fmt::format("{}-{:05d}.safetensors", split, k);
     safetensors::write((dir / name).string(),
                        {{"input_ids", ids},
@@ -150,6 +162,89 @@ nlohmann::json write_split(const Config& c, const TargetWeights& target, const D
     entries.push_back({{"file", name}, {"samples", n}});
   }
   return entries;
+}
+
+// The transformers engine: the splits' ids to a file, python/dflash/
+// hf_features.py over them, its outputs back (one process for all splits:
+// loading the model dominates).
+struct HfOutputs {
+  std::map<std::string, at::Tensor> t;  // "<split>.features", ..., "lm_head.weight"
+  std::string engine;                   // "transformers 5.x.y"
+};
+
+void run_python(const FeatureEngine& e, const std::vector<std::string>& args) {
+  if (e.python.empty())
+    throw DataError(
+        "dflash features: the transformers engine needs the torch environment's python "
+        "(ci/bootstrap.sh makes it; DFLASH_PYTHON names another)");
+  std::vector<std::string> argv = {e.python, "-m", "dflash.hf_features"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  std::vector<char*> cv;
+  for (std::string& a : argv) cv.push_back(a.data());
+  cv.push_back(nullptr);
+  std::fflush(nullptr);
+  const pid_t pid = ::fork();
+  if (pid < 0) throw DataError(fmt::format("dflash features: cannot fork: {}", strerror(errno)));
+  if (pid == 0) {
+    const char* old = std::getenv("PYTHONPATH");
+    const std::string path = e.pythonpath + (old && *old ? std::string(":") + old : "");
+    ::setenv("PYTHONPATH", path.c_str(), 1);
+    ::execv(e.python.c_str(), cv.data());
+    std::fprintf(stderr, "dflash features: cannot run %s: %s\n", e.python.c_str(),
+                 std::strerror(errno));
+    ::_exit(127);
+  }
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    throw DataError(fmt::format(
+        "dflash features: the transformers engine ({} -m dflash.hf_features) failed ({}); "
+        "its message is above",
+        e.python,
+        WIFEXITED(status) ? fmt::format("exit {}", WEXITSTATUS(status)) : std::string("killed")));
+}
+
+HfOutputs transformers_forward(const Config& c, const FeatureEngine& e, const DataSplit& data,
+                               const fs::path& tmp) {
+  safetensors::NamedTensors in;
+  for (const auto* d : {&data.train, &data.eval})
+    if (d->size() > 0)
+      in.emplace_back(std::string(d == &data.train ? "train" : "eval") + ".input_ids",
+                      d->input_ids.contiguous());
+  const std::string in_file = (tmp / "engine-in.safetensors").string();
+  const std::string out_file = (tmp / "engine-out.safetensors").string();
+  safetensors::write(in_file, in, {{"format", kFormat}});
+  run_python(e, {"--target", c.target.path, "--input", in_file, "--output", out_file, "--layers",
+                 fmt::format("{}", fmt::join(c.drafter.target_layer_ids, ",")), "--dtype",
+                 dtype_name(c.run.dtype)});
+  const safetensors::File f = safetensors::read(out_file);
+  const auto version = f.metadata.find("engine");
+  HfOutputs o{{f.tensors.begin(), f.tensors.end()},
+              version == f.metadata.end() ? "transformers" : version->second};
+  fs::remove(in_file), fs::remove(out_file);
+  return o;
+}
+
+// A split's outputs from the engine's file, shapes checked.
+SplitForward from_engine(const Config& c, const HfOutputs& o, const std::string& split) {
+  return [&c, &o, split](int64_t s0, int64_t n, const at::Tensor&) {
+    auto get = [&](const std::string& key, int64_t width) {
+      auto it = o.t.find(split + "." + key);
+      const int64_t S = c.data.seq_len;
+      if (it == o.t.end() || it->second.dim() != 3 || it->second.size(1) != S ||
+          it->second.size(2) != width || it->second.size(0) < s0 + n)
+        throw DataError(fmt::format(
+            "dflash features: the transformers engine's {}.{}: expected shape [n, {}, {}], found "
+            "{} (is target.hidden_size that of {}?)",
+            split, key, S, width,
+            it == o.t.end() ? std::string("nothing") : shape_text(it->second.sizes()),
+            c.target.path));
+      return it->second.narrow(0, s0, n).to(scalar_type(c.run.dtype));
+    };
+    const int64_t H = c.target.shape.hidden_size;
+    return reference::TargetOutputs{get("features", c.num_taps() * H), get("target_hidden", H)};
+  };
 }
 
 }  // namespace
@@ -186,7 +281,8 @@ FrozenWeights read_features_frozen(const Config& c, const std::string& dir) {
   return bind_frozen(c, m, scalar_type(c.run.dtype), file);
 }
 
-int write_features(const Config& c, const std::string& out_dir, int64_t shard_samples) {
+int write_features(const Config& c, const std::string& out_dir, int64_t shard_samples,
+                   const FeatureEngine& engine) {
   const std::string& config = c.path;
   if (c.data.source == "fixture" || c.data.source == "inline" || c.data.source == "features")
     throw DataError(
@@ -199,10 +295,26 @@ int write_features(const Config& c, const std::string& out_dir, int64_t shard_sa
   const fs::path final_dir = out.parent_path();
   if (fs::exists(final_dir))
     throw DataError(fmt::format("{}: already exists; not overwriting it", final_dir.string()));
-  harness::guard_memory(c, harness::Workload::kFeatures, "dflash features");
+  const bool native = native_architecture(c.target.architecture);
+  if (engine.name != "auto" && engine.name != "dflash" && engine.name != "transformers")
+    throw DataError(
+        fmt::format("--engine: expected auto, dflash or transformers, found \"{}\"", engine.name));
+  const bool hf_engine = engine.name == "transformers" || (engine.name == "auto" && !native);
+  if (hf_engine && c.target.source != "hf")
+    throw DataError(
+        fmt::format("{}: target.source: the transformers engine loads a Hugging Face directory "
+                    "(target.source = \"hf\"), found \"{}\"",
+                    config, c.target.source));
+  if (hf_engine && c.data.source == "self_distill")
+    throw DataError(fmt::format(
+        "{}: data.source = \"self_distill\" generates with dflash's own target forward, which "
+        "does not run target.architecture = \"{}\": give the data as jsonl, shards or text",
+        config, c.target.architecture));
+  if (!hf_engine) harness::guard_memory(c, harness::Workload::kFeatures, "dflash features");
   configure_threads(c.run.threads);
-  const TargetWeights target = models::load_target(c);
-  const DataSplit data = load_data(c, &target);
+  // --engine dflash on another architecture: load_target names the way out.
+  const TargetWeights target = hf_engine ? TargetWeights{} : models::load_target(c);
+  const DataSplit data = load_data(c, hf_engine ? nullptr : &target);
   const fs::path tmp = final_dir.parent_path() /
                        fmt::format(".{}.tmp-{}", final_dir.filename().string(), ::getpid());
   fs::remove_all(tmp);
@@ -217,11 +329,25 @@ int write_features(const Config& c, const std::string& out_dir, int64_t shard_sa
                         {"dtype", dtype_name(c.run.dtype)},
                         {"target_identity", target_identity(c)},
                         {"config", config_to_json(c)}};
-    j["train"] = write_split(c, target, data.train, "train", tmp, shard_samples);
-    j["eval"] = write_split(c, target, data.eval, "eval", tmp, shard_samples);
+    FrozenWeights frozen = target.frozen();
+    HfOutputs hf;
+    SplitForward train_fw, eval_fw;
+    if (hf_engine) {
+      hf = transformers_forward(c, engine, data, tmp);
+      train_fw = from_engine(c, hf, "train"), eval_fw = from_engine(c, hf, "eval");
+      frozen = bind_frozen(c, hf.t, scalar_type(c.run.dtype),
+                           "dflash features: the transformers engine's output");
+    } else {
+      train_fw = eval_fw = [&](int64_t, int64_t, const at::Tensor& ids) {
+        return optimized::target_forward(c, target, ids);
+      };
+    }
+    j["engine"] = hf_engine ? hf.engine : "dflash";
+    j["train"] = write_split(data.train, train_fw, "train", tmp, shard_samples);
+    j["eval"] = write_split(data.eval, eval_fw, "eval", tmp, shard_samples);
     safetensors::write(
         (tmp / "frozen.safetensors").string(),
-        {{"embed_tokens.weight", target.embed_tokens}, {"lm_head.weight", target.lm_head}},
+        {{"embed_tokens.weight", frozen.embed_tokens}, {"lm_head.weight", frozen.lm_head}},
         {{"format", kFormat}});
     safetensors::write_file_atomic((tmp / kIndex).string(), j.dump(2) + "\n");
     fs::rename(tmp, final_dir);

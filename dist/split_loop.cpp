@@ -138,6 +138,15 @@ StepInputs receive_micro_batch(const Config& c, dist::Cluster& cl, int64_t g, in
   return to_device(in, device);
 }
 
+// Without target ranks (data.source = "features"): the drafter reads its
+// micro-batch g itself, anchors drawn as a received one's.
+StepInputs local_micro_batch(const Config& c, const TrainOptions& o, int64_t g,
+                             const c10::Device& device) {
+  StepInputs in = o.hooks.micro_batch(g);
+  in.anchors = step_anchors(c, in.loss_mask, "anchors", uint64_t(g));
+  return to_device(in, device);
+}
+
 // Runs `collective` on the tensors flattened into buckets of about 25 MB
 // (gloo wants equally shaped tensors per call), copying the results back.
 void bucketed(std::vector<at::Tensor>& tensors,
@@ -264,7 +273,9 @@ int train_drafter_rank(const Config& c, const TrainOptions& o, dist::Cluster& cl
     const double t0 = now();
     const int64_t g = t * D + cl.drafter_index();
     const StepInputs in =
-        receive_micro_batch(c, cl, g, cl.target_rank(g % cl.num_targets()), device);
+        cl.num_targets() == 0
+            ? local_micro_batch(c, o, g, device)
+            : receive_micro_batch(c, cl, g, cl.target_rank(g % cl.num_targets()), device);
     const double waited = now() - t0;
     zero_grads(w);
     if (o.hooks.before_step) o.hooks.before_step(t, w);
@@ -310,6 +321,10 @@ std::vector<StepLog> train_distributed(const Config& c, const TrainOptions& o, d
         fmt::format("--micro-batches {} but the topology has {} drafter ranks "
                     "(one micro-batch per drafter per step)",
                     o.micro_batches, D));
+  if (cl.num_targets() == 0 && !o.hooks.micro_batch)
+    throw dist::DistError(
+        "no target ranks: every drafter rank must read its own micro-batches (data.source = "
+        "\"features\")");
   std::vector<StepLog> log;
   int sig = 0;
   if (cl.is_target()) sig = run_target_rank(c, o, cl, D);

@@ -28,6 +28,7 @@ namespace fs = std::filesystem;
 using testing_support::cfg;
 using testing_support::compare_params;
 using testing_support::dflash;
+using testing_support::expect_same_run;
 using testing_support::losses;
 using testing_support::sh;
 using testing_support::Shell;
@@ -56,17 +57,10 @@ TEST_P(SplitEqualsOneProcess, SameParametersAndLoss) {
       sh(dflash() + " launch --nproc " + std::to_string(c.nproc) +
          " -- train --skip-preflight --out-dir " + run_dir() + " --config " + cfg(c.config) +
          " --steps " + std::to_string(c.steps) + " --out-params " + (tmp / "split.st"));
-  ASSERT_EQ(split.code, 0) << split.out;
   const Shell single = sh(dflash() + " train --skip-preflight --out-dir " + (tmp / "run") +
                           " --config " + cfg(c.config) + " --steps " + std::to_string(c.steps) +
                           " --micro-batches 2 --out-params " + (tmp / "single.st"));
-  ASSERT_EQ(single.code, 0) << single.out;
-  const auto rep = compare_params(tmp / "split.st", tmp / "single.st");
-  EXPECT_TRUE(rep.ok()) << rep.format();
-  const auto ls = losses(split.out), l1 = losses(single.out);
-  ASSERT_EQ(ls.size(), size_t(c.steps)) << split.out;
-  ASSERT_EQ(l1.size(), size_t(c.steps)) << single.out;
-  for (size_t i = 0; i < ls.size(); ++i) EXPECT_NEAR(ls[i], l1[i], 1e-10 * (1 + std::abs(l1[i])));
+  expect_same_run(split, single, tmp / "split.st", tmp / "single.st", size_t(c.steps));
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -74,6 +68,41 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(SplitCase{"two_targets_two_drafters_one_step", "dist-2x2.toml", 4, 1},
                       SplitCase{"one_target_two_drafters_three_steps", "dist-1x2.toml", 3, 3}),
     [](const auto& i) { return std::string(i.param.name); });
+
+// Without target ranks (data.source = "features", the path of a target
+// dflash does not run): every drafter reads its own micro-batches from the
+// features directory, and the run equals one process's.
+TEST(DistFeatures, DraftersWithoutTargetRanksEqualOneProcess) {
+  TmpDir tmp;
+  const std::string c = cfg("dist-1x2.toml");
+  const std::string one =
+      " --set topology.world_size=1 --set 'topology.target_ranks=[0]' "
+      "--set 'topology.drafter_ranks=[0]'";
+  const Shell fe = sh(dflash() + " features --config " + c +
+                      " --set 'data.source=\"self_distill\"' --set data.num_samples=12 "
+                      "--set data.eval_samples=2" +
+                      one + " --out " + (tmp / "feats"));
+  ASSERT_EQ(fe.code, 0) << fe.out;
+  const std::string feats =
+      " --set 'data.source=\"features\"' --set 'data.path=\"" + (tmp / "feats") + "\"'";
+  const Shell split = sh(dflash() + " launch --nproc 2 -- train --skip-preflight --out-dir " +
+                         run_dir() + " --config " + c + feats +
+                         " --set topology.world_size=2 --set 'topology.target_ranks=[]' "
+                         "--set 'topology.drafter_ranks=[0, 1]' --steps 3 --out-params " +
+                         (tmp / "split.st"));
+  const Shell single =
+      sh(dflash() + " train --skip-preflight --out-dir " + (tmp / "run") + " --config " + c +
+         feats + one + " --steps 3 --micro-batches 2 --out-params " + (tmp / "single.st"));
+  expect_same_run(split, single, tmp / "split.st", tmp / "single.st", 3);
+  // Without features, a topology without target ranks is refused.
+  const Shell refused = sh(dflash() + " validate --config " + c +
+                           " --set topology.world_size=2 --set 'topology.target_ranks=[]' "
+                           "--set 'topology.drafter_ranks=[0, 1]'");
+  EXPECT_NE(refused.code, 0);
+  EXPECT_NE(refused.out.find("topology.target_ranks: expected at least one target rank"),
+            std::string::npos)
+      << refused.out;
+}
 
 TEST(DistZoo, PerRankNormalisationIsKilled) {
   TmpDir tmp;

@@ -230,7 +230,9 @@ Plan plan_memory(const Config& c, const PlanVariant& v, TargetAttention target_a
   for (int64_t r = 0; r < tp.world_size; ++r) {
     RankPlan rp;
     rp.rank = r;
-    const bool is_target = std::count(tp.target_ranks.begin(), tp.target_ranks.end(), r) > 0;
+    // Training from features never loads the target (docs/TRAINING.md).
+    const bool is_target = c.data.source != "features" &&
+                           std::count(tp.target_ranks.begin(), tp.target_ranks.end(), r) > 0;
     const bool is_drafter = std::count(tp.drafter_ranks.begin(), tp.drafter_ranks.end(), r) > 0;
     rp.role = is_target && is_drafter ? "target+drafter" : is_target ? "target" : "drafter";
     if (is_target) rp.items = target_items(c, target_attention);

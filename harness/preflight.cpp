@@ -113,6 +113,13 @@ Config scaled_twin(const Config& c) {
   t.target.vocab_size = 64;
   t.target.num_hidden_layers = 4;
   t.target.shape = twin_shape(c.target.shape);
+  if (!native_architecture(c.target.architecture)) {
+    // A target transformers runs: the twin's only job is features for the
+    // drafter (the part preflight checks), from a Qwen3 fixture.
+    t.target.architecture = "qwen3";
+    t.target.shape.qk_norm = true;
+    t.target.shape.rope_scaling = RopeScaling{};
+  }
   t.target.init_std = 0.2;
   t.target.norm_init_jitter = 0.1;
   t.drafter.num_hidden_layers = std::min<int64_t>(c.drafter.num_hidden_layers, 2);

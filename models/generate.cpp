@@ -19,7 +19,7 @@ at::Tensor visibility(int64_t committed, const at::Tensor& among_new) {
 }  // namespace
 
 Rope rope_at(const at::Tensor& positions, const LayerShape& s, at::ScalarType dtype) {  // (T)
-  auto [cos, sin] = rope_cos_sin(positions.unsqueeze(0), s.head_dim, s.rope_theta, dtype);
+  auto [cos, sin] = rope_cos_sin(positions.unsqueeze(0), s, dtype);
   return {cos.unsqueeze(1), sin.unsqueeze(1)};
 }
 

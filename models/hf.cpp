@@ -108,6 +108,7 @@ std::map<std::string, at::Tensor> load_hf_tensors(const Config& c,
 TargetWeights load_hf_target(const Config& c) {
   const std::map<std::string, at::Tensor> taken = load_hf_tensors(c, target_specs(c));
   TargetWeights w;
+  w.qk_norm = c.target.shape.qk_norm;
   w.layers.resize(size_t(c.target.num_hidden_layers));
   visit(w, [&](const std::string& n, at::Tensor& t) {
     if (taken.count(n)) t = taken.at(n);
@@ -127,6 +128,12 @@ FrozenWeights load_frozen(const Config& c) {
 }
 
 TargetWeights load_target(const Config& c) {
+  if (!native_architecture(c.target.architecture))
+    throw std::runtime_error(fmt::format(
+        "{}: target.architecture = \"{}\": dflash's own forward runs qwen3 and llama only; "
+        "compute this target's features with `dflash features` (transformers runs it) and "
+        "train with data.source = \"features\" (docs/TRAINING.md)",
+        c.path.empty() ? c.target.path : c.path, c.target.architecture));
   if (c.target.source == "hf") return load_hf_target(c);
   return make_target(c);
 }
@@ -158,6 +165,19 @@ void write_hf_model(const std::string& dir, const Config& c, const TargetWeights
   nlohmann::json cfg = qwen3_fields(c.target.shape, c.target.vocab_size, c.target.num_hidden_layers,
                                     c.target.tie_word_embeddings, dtype_name(c.run.dtype));
   cfg["architectures"] = {"Qwen3ForCausalLM"};
+  if (c.target.architecture == "llama") {  // the same keys, plus Llama's own
+    cfg["architectures"] = {"LlamaForCausalLM"};
+    cfg["model_type"] = "llama";
+    cfg["mlp_bias"] = false;
+    const RopeScaling& r = c.target.shape.rope_scaling;
+    if (r.type == "llama3")
+      cfg["rope_scaling"] = {
+          {"rope_type", "llama3"},
+          {"factor", r.factor},
+          {"low_freq_factor", r.low_freq_factor},
+          {"high_freq_factor", r.high_freq_factor},
+          {"original_max_position_embeddings", r.original_max_position_embeddings}};
+  }
   safetensors::write_file_atomic((fs::path(dir) / "config.json").string(), cfg.dump(2) + "\n");
   safetensors::NamedTensors all;
   TargetWeights copy = w;

@@ -27,22 +27,33 @@ namespace fs = std::filesystem;
 using testing_support::expect_error;
 using testing_support::TmpDir;
 
-Config hf_config(bool tied) {
+// A Llama 3 target: no q/k norm, llama3 RoPE (original 8 with head_dim 8
+// and theta 1e4: kept, interpolated and slowed frequencies all occur).
+Config as_llama(Config c) {
+  c.target.architecture = "llama";
+  c.target.shape.qk_norm = false;
+  c.target.shape.rope_theta = 1e4;
+  c.target.shape.rope_scaling = {"llama3", 8.0, 1.0, 4.0, 8};
+  return c;
+}
+
+Config hf_config(bool tied, bool llama = false) {
   Config c = fixtures::micro_config();
   c.target.tie_word_embeddings = tied;
-  return c;
+  return llama ? as_llama(c) : c;
 }
 
 struct HfCase {
   const char* name;
   int shards;
   bool tied;
+  bool llama = false;
 };
 class HfDirectory : public ::testing::TestWithParam<HfCase> {};
 
 TEST_P(HfDirectory, LoadsWhatWasWritten) {
   TmpDir tmp;
-  Config c = hf_config(GetParam().tied);
+  Config c = hf_config(GetParam().tied, GetParam().llama);
   const TargetWeights w = make_target(c);
   write_hf_model(tmp / "model", c, w, GetParam().shards);
   // The TOML names only the directory; the shape comes from config.json.
@@ -54,6 +65,13 @@ TEST_P(HfDirectory, LoadsWhatWasWritten) {
   const Config loaded = load_config(tmp / "run.toml");
   EXPECT_EQ(loaded.target.shape.hidden_size, c.target.shape.hidden_size);
   EXPECT_EQ(loaded.target.tie_word_embeddings, GetParam().tied);
+  EXPECT_EQ(loaded.target.architecture, c.target.architecture);
+  EXPECT_EQ(loaded.target.shape.qk_norm, c.target.shape.qk_norm);
+  EXPECT_EQ(loaded.target.shape.rope_scaling.type, c.target.shape.rope_scaling.type);
+  EXPECT_EQ(loaded.target.shape.rope_scaling.original_max_position_embeddings,
+            c.target.shape.rope_scaling.original_max_position_embeddings);
+  EXPECT_TRUE(loaded.drafter.shape.qk_norm);  // the drafter stays Qwen3-style
+  EXPECT_EQ(loaded.drafter.shape.rope_scaling.type, "");
   const TargetWeights got = load_target(loaded);
   TargetWeights a = w, b = got;
   std::vector<std::pair<std::string, at::Tensor>> wa, wb;
@@ -71,7 +89,9 @@ INSTANTIATE_TEST_SUITE_P(Layouts, HfDirectory,
                          ::testing::Values(HfCase{"unsharded_untied", 1, false},
                                            HfCase{"unsharded_tied", 1, true},
                                            HfCase{"sharded_untied", 3, false},
-                                           HfCase{"sharded_tied", 2, true}),
+                                           HfCase{"sharded_tied", 2, true},
+                                           HfCase{"llama_unsharded_untied", 1, false, true},
+                                           HfCase{"llama_sharded_tied", 2, true, true}),
                          [](const auto& i) { return std::string(i.param.name); });
 
 // A written model with one edit, then loaded through a config.
@@ -92,13 +112,51 @@ struct BrokenHf {
   }
 };
 
-TEST(HfBadInput, UnsupportedArchitecture) {
+TEST(HfBadInput, ArchitecturesAndModelTypeDisagree) {
   BrokenHf m(1);
   auto j = m.read("config.json");
   j["architectures"] = {"LlamaForCausalLM"};
   m.write("config.json", j);
   expect_error([&] { read_hf_config(m.c.target.path); },
-               {"config.json", "architectures", "Qwen3ForCausalLM"});
+               {"config.json", "model_type", "\"llama\"", "LlamaForCausalLM"});
+}
+
+// A native architecture with a RoPE dflash does not compute is refused; the
+// same on a target transformers runs is its business.
+TEST(HfBadInput, RopeTheForwardCannotCompute) {
+  BrokenHf m(1);
+  auto j = m.read("config.json");
+  j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+  m.write("config.json", j);
+  expect_error([&] { read_hf_config(m.c.target.path); },
+               {"config.json", "rope_scaling.rope_type", "\"llama3\"", "yarn"});
+  j["architectures"] = {"MistralForCausalLM"};
+  j["model_type"] = "mistral";
+  m.write("config.json", j);
+  EXPECT_EQ(read_hf_config(m.c.target.path).architecture, "mistral");
+}
+
+// Another architecture loads as a config (its sizes) and is refused by
+// dflash's forward, naming the features path.
+TEST(HfBadInput, ForeignArchitectureIsFeaturesOnly) {
+  BrokenHf m(1);
+  auto j = m.read("config.json");
+  j = {{"architectures", {"Qwen3_5ForConditionalGeneration"}},
+       {"model_type", "qwen3_5"},
+       {"text_config", j}};
+  j["text_config"]["model_type"] = "qwen3_5_text";
+  j["text_config"]["rope_parameters"] = {
+      {"rope_type", "default"}, {"rope_theta", 1e7}, {"partial_rotary_factor", 0.25}};
+  j["text_config"].erase("rope_theta");
+  m.write("config.json", j);
+  const TargetConfig t = read_hf_config(m.c.target.path);
+  EXPECT_EQ(t.architecture, "qwen3_5_text");
+  EXPECT_EQ(t.vocab_size, m.c.target.vocab_size);
+  EXPECT_EQ(t.shape.rope_theta, 1e7);
+  Config c = m.c;
+  c.target = t;
+  expect_error([&] { load_target(c); },
+               {"qwen3_5_text", "dflash features", "data.source = \"features\""});
 }
 
 TEST(HfBadInput, ShapeMismatchNamesTheTensor) {
@@ -186,8 +244,10 @@ TEST(Checkpoint, FromADifferentConfigIsRefusedNamingTheKey) {
 
 // The KV-cached greedy decoder chooses what a whole-prefix target forward
 // chooses at every position (float64: no near-ties).
-TEST(Generate, CachedGreedyEqualsFullPrefixForwards) {
-  Config c = fixtures::micro_config();
+class Generate : public ::testing::TestWithParam<bool> {};
+
+TEST_P(Generate, CachedGreedyEqualsFullPrefixForwards) {
+  Config c = hf_config(false, GetParam());
   const TargetWeights t = make_target(c);
   const int64_t B = 3, S = c.data.seq_len, P = 3;
   at::Tensor ids = at::randint(0, c.target.vocab_size - 1, {B, S}, at::kLong);
@@ -203,6 +263,9 @@ TEST(Generate, CachedGreedyEqualsFullPrefixForwards) {
   EXPECT_TRUE(at::equal(ids, naive)) << ids << naive;
   EXPECT_FALSE((ids.narrow(1, P, S - P) == c.data.mask_token_id).any().item<bool>());
 }
+
+INSTANTIATE_TEST_SUITE_P(Targets, Generate, ::testing::Values(false, true),
+                         [](const auto& i) { return std::string(i.param ? "llama" : "qwen3"); });
 
 }  // namespace
 }  // namespace dflash::models

@@ -1,5 +1,7 @@
 #include "reference/layers.h"
 
+#include <cmath>
+
 namespace dflash::reference {
 
 namespace {
@@ -12,12 +14,32 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   return weight * (xf * at::rsqrt(var + eps)).to(x.scalar_type());
 }
 
-std::pair<at::Tensor, at::Tensor> rope_cos_sin(const at::Tensor& positions, int64_t hd,
-                                               double theta, at::ScalarType dtype) {
+namespace {
+// Llama 3.1's frequency rescaling (transformers' _compute_llama3_parameters):
+// wavelengths longer than original/low_freq_factor are slowed by `factor`,
+// shorter than original/high_freq_factor kept, those between interpolated.
+at::Tensor llama3_inv_freq(const at::Tensor& inv_freq, const RopeScaling& r) {  // (hd/2)
+  const double old_len = double(r.original_max_position_embeddings);
+  const double low_wavelen = old_len / r.low_freq_factor,
+               high_wavelen = old_len / r.high_freq_factor;
+  const at::Tensor wavelen = (2.0 * M_PI) / inv_freq;  // (hd/2)
+  const at::Tensor slowed = at::where(wavelen > low_wavelen, inv_freq / r.factor, inv_freq);
+  const at::Tensor smooth =
+      (old_len / wavelen - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
+  const at::Tensor smoothed = (1.0 - smooth) * slowed / r.factor + smooth * slowed;
+  const at::Tensor medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen);
+  return at::where(medium, smoothed, slowed);
+}
+}  // namespace
+
+std::pair<at::Tensor, at::Tensor> rope_cos_sin(const at::Tensor& positions, const LayerShape& s,
+                                               at::ScalarType dtype) {
+  const int64_t hd = s.head_dim;
   const at::Tensor i = at::arange(0, hd, 2, positions.options().dtype(at::kDouble));  // (hd/2)
-  const at::Tensor inv_freq = at::pow(theta, -i / double(hd));                        // (hd/2)
-  const at::Tensor angles = positions.to(at::kDouble).unsqueeze(-1) * inv_freq;       // (..., hd/2)
-  const at::Tensor emb = at::cat({angles, angles}, -1);                               // (..., hd)
+  at::Tensor inv_freq = at::pow(s.rope_theta, -i / double(hd));                       // (hd/2)
+  if (s.rope_scaling.type == "llama3") inv_freq = llama3_inv_freq(inv_freq, s.rope_scaling);
+  const at::Tensor angles = positions.to(at::kDouble).unsqueeze(-1) * inv_freq;  // (..., hd/2)
+  const at::Tensor emb = at::cat({angles, angles}, -1);                          // (..., hd)
   return {emb.cos().to(dtype), emb.sin().to(dtype)};
 }
 
@@ -52,7 +74,8 @@ at::Tensor masked_attention(const at::Tensor& q, const at::Tensor& k, const at::
 
 at::Tensor normed_heads(const at::Tensor& x, const at::Tensor& proj, const at::Tensor& norm,
                         int64_t heads, int64_t hd, double eps) {
-  const at::Tensor y = project(x, proj);  // (B, T, heads*hd)
+  const at::Tensor y = project(x, proj);                  // (B, T, heads*hd)
+  if (!norm.defined()) return split_heads(y, heads, hd);  // Llama: no q/k norm
   return rms_norm(y.view({y.size(0), y.size(1), heads, hd}), norm, eps).transpose(1, 2);
 }
 

@@ -18,9 +18,10 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 
 // cos/sin tables for RoPE at integer positions: (..., hd) from positions (...),
 // angles computed in float64 (more exact than HF's fp32 angles at long
-// contexts; see docs/SPEC_MAP.md), then cast to `dtype`.
-std::pair<at::Tensor, at::Tensor> rope_cos_sin(const at::Tensor& positions, int64_t head_dim,
-                                               double theta, at::ScalarType dtype);
+// contexts; see docs/SPEC_MAP.md), then cast to `dtype`. Frequencies
+// theta^(-2i/hd), rescaled by s.rope_scaling (llama3) when it has a type.
+std::pair<at::Tensor, at::Tensor> rope_cos_sin(const at::Tensor& positions, const LayerShape& s,
+                                               at::ScalarType dtype);
 
 // q' = q*cos + rotate_half(q)*sin; x (B, heads, T, hd), cos/sin (B, 1, T, hd).
 at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
@@ -35,7 +36,8 @@ at::Tensor masked_attention(const at::Tensor& q, const at::Tensor& k, const at::
                             const at::Tensor& visible);
 
 // Per-head query or key: proj(x) split into heads, RMSNorm over hd with
-// `norm` (q_norm / k_norm), laid out (B, heads, T, hd). RoPE is applied after.
+// `norm` (q_norm / k_norm; an undefined norm, a Llama target's, is none),
+// laid out (B, heads, T, hd). RoPE is applied after.
 at::Tensor normed_heads(const at::Tensor& x, const at::Tensor& proj, const at::Tensor& norm,
                         int64_t heads, int64_t head_dim, double eps);
 

@@ -15,9 +15,9 @@
 // Everything it computes is what optimized/ must reproduce.
 #include "reference/step.h"
 
-#include "reference/layers.h"
-
 #include <vector>
+
+#include "reference/layers.h"
 
 namespace dflash::reference {
 
@@ -46,7 +46,7 @@ DraftRope draft_rope(int64_t S, const at::Tensor& positions, const LayerShape& s
   const int64_t B = positions.size(0), Q = positions.size(1);
   const at::Tensor key_pos =
       at::cat({at::arange(S, positions.options()).expand({B, S}), positions}, 1);  // (B, S+Q)
-  auto [cos_k, sin_k] = rope_cos_sin(key_pos, s.head_dim, s.rope_theta, dtype);    // (B, S+Q, hd)
+  auto [cos_k, sin_k] = rope_cos_sin(key_pos, s, dtype);                           // (B, S+Q, hd)
   DraftRope r;
   r.cos_k = cos_k.unsqueeze(1);  // (B, 1, S+Q, hd)
   r.sin_k = sin_k.unsqueeze(1);
@@ -100,14 +100,15 @@ at::Tensor drafter_hidden(const Config& c, const DrafterWeights& w, const Frozen
 // Per-position distillation terms (docs/LOSSES.md), each (B, Q), from the
 // student and teacher log-probabilities at temperature T. A term is computed
 // only when the loss uses it (its value is reported as 0 otherwise).
-DistillTerms distill_terms(const LossConfig& L, const at::Tensor& log_ps, const at::Tensor& log_pt) {
+DistillTerms distill_terms(const LossConfig& L, const at::Tensor& log_ps,
+                           const at::Tensor& log_pt) {
   // Each term only when its weight asks for it (the full-logits arrays are
   // what bounds the reference's memory).
-  const at::Tensor pt = log_pt.exp();                                        // (B, Q, V)
+  const at::Tensor pt = log_pt.exp();                                          // (B, Q, V)
   const at::Tensor ps = L.uses_student_probs() ? log_ps.exp() : at::Tensor();  // (B, Q, V)
   auto forward = [&] { return (pt * (log_pt - log_ps)).sum(-1); };  // KL(p_t || p_s), (B, Q)
   auto reverse = [&] { return (ps * (log_ps - log_pt)).sum(-1); };  // KL(p_s || p_t), (B, Q)
-  const at::Tensor none = at::zeros_like(log_ps.select(-1, 0));  // (B, Q)
+  const at::Tensor none = at::zeros_like(log_ps.select(-1, 0));     // (B, Q)
   DistillTerms t{none, none, none, none};
   if (L.kl_weight != 0) t.kl = forward();
   if (L.reverse_kl_weight != 0) t.reverse_kl = reverse();

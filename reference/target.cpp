@@ -40,7 +40,7 @@ at::Tensor decoder_forward(const Config& c, const TargetWeights& w, const at::Te
   const int64_t B = input_ids.size(0), S = input_ids.size(1);
   at::Tensor x = w.embed_tokens.index_select(0, input_ids.reshape(-1)).view({B, S, -1});
   const at::Tensor pos = at::arange(S, input_ids.options()).expand({B, S});  // (B, S)
-  auto [cos, sin] = rope_cos_sin(pos, s.head_dim, s.rope_theta, x.scalar_type());
+  auto [cos, sin] = rope_cos_sin(pos, s, x.scalar_type());
   cos = cos.unsqueeze(1);  // (B, 1, S, hd)
   sin = sin.unsqueeze(1);
   for (int64_t i = 0; i < c.target.num_hidden_layers; ++i) {

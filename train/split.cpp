@@ -152,8 +152,10 @@ int run_split(const Config& c, const RunOptions& o) {
   cs.train.micro_batches = D;  // what a step is here; recorded in checkpoints
   // Every input checked on every rank before the ranks meet. Target ranks and
   // drafter 0 (evaluation) load the target and data; other drafters only
-  // the frozen embedding and LM head.
-  std::unique_ptr<Run> r = prepare(cs, o, target || reporter, target || reporter);
+  // the frozen embedding and LM head. Without target ranks (features) every
+  // drafter reads the data.
+  const bool readers = tp.target_ranks.empty();
+  std::unique_ptr<Run> r = prepare(cs, o, target || reporter || readers, target || reporter);
   dist::TrainOptions t;
   t.steps = cs.train.steps;
   t.micro_batches = D;
@@ -165,7 +167,7 @@ int run_split(const Config& c, const RunOptions& o) {
   t.stop_on_signal = true;
   Run* run = r.get();
   t.hooks.start_step = run->st.step;
-  if (target)
+  if (target || readers)
     t.hooks.micro_batch = [run](int64_t g) {
       return inputs_of(*run, data::train_batch(run->c, run->data.train, g), "anchors", g);
     };

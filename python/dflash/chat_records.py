@@ -32,19 +32,25 @@ class Conversation:
 def read_conversations(path: Path) -> Iterator[Conversation | BadRecord]:
     """Every record of a .json (an array, or one record) or .jsonl file, in
     order: a Conversation, or the BadRecord saying why it is refused."""
-    raw = path.read_bytes()
-    if path.suffix == ".json":
-        doc = parsed(raw, str(path))
+    return records_of(path.read_bytes(), str(path), whole_json=path.suffix == ".json")
+
+
+def records_of(raw: bytes, name: str, whole_json: bool) -> Iterator[Conversation | BadRecord]:
+    """The records of a file's bytes (`name` in messages): one JSON document
+    (`whole_json`) or JSON lines. Anything else than a Conversation or a
+    BadRecord escaping from here is a bug (fuzz/chat_records_fuzz.py)."""
+    if whole_json:
+        doc = parsed(raw, name)
         if isinstance(doc, BadRecord):
             yield doc
             return
         for n, rec in enumerate(doc if isinstance(doc, list) else [doc], 1):
-            yield checked(rec, f"{path}: record {n}")
+            yield checked(rec, f"{name}: record {n}")
         return
     for n, line in enumerate(raw.split(b"\n"), 1):
         if line.strip():
-            rec = parsed(line, f"{path}:{n}")
-            yield rec if isinstance(rec, BadRecord) else checked(rec, f"{path}:{n}")
+            rec = parsed(line, f"{name}:{n}")
+            yield rec if isinstance(rec, BadRecord) else checked(rec, f"{name}:{n}")
 
 
 def parsed(raw: bytes, where: str) -> object:
@@ -55,6 +61,8 @@ def parsed(raw: bytes, where: str) -> object:
         return BadRecord(f"{where}: invalid UTF-8 at byte {e.start}")
     except json.JSONDecodeError as e:
         return BadRecord(f"{where}: not valid JSON: {e.msg} (line {e.lineno} column {e.colno})")
+    except RecursionError:
+        return BadRecord(f"{where}: JSON nested too deeply to be a chat record")
 
 
 def checked(rec: object, where: str) -> Conversation | BadRecord:
@@ -85,7 +93,7 @@ def messages_of(rec: object, where: str) -> list[dict[str, str]]:
             raise BadRecord(f"{at}: expected an object, found {type(turn).__name__}")
         if role_key not in turn:
             raise BadRecord(f"{at}.{role_key}: missing")
-        if turn[role_key] not in roles:
+        if not isinstance(turn[role_key], str) or turn[role_key] not in roles:
             raise BadRecord(f"{at}.{role_key}: unknown role {turn[role_key]!r} (expected one of "
                             f"{', '.join(sorted(roles))})")
         text = turn.get(text_key)
