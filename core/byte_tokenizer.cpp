@@ -72,6 +72,82 @@ std::string byte_tokenizer_json() {
   return j.dump(2) + "\n";
 }
 
+const char* const kByteChatTemplate =
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|endoftext|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+
+namespace {
+
+// GPT-2's byte-to-character map (the ByteLevel pre-tokenizer's alphabet):
+// printable Latin-1 bytes map to themselves, the other 68 to U+0100 on.
+std::string byte_level_char(int b) {
+  const bool printable = (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
+  int cp = b;
+  if (!printable) {
+    int n = 0;
+    for (int x = 0; x < b; ++x)
+      if (!((x >= 0x21 && x <= 0x7E) || (x >= 0xA1 && x <= 0xAC) || x >= 0xAE)) ++n;
+    cp = 256 + n;
+  }
+  std::string s;  // UTF-8 of cp < 0x800
+  if (cp < 0x80) {
+    s += char(cp);
+  } else {
+    s += char(0xC0 | (cp >> 6));
+    s += char(0x80 | (cp & 0x3F));
+  }
+  return s;
+}
+
+nlohmann::json added_token(int64_t id, const char* content) {
+  return {{"id", id},        {"content", content},  {"single_word", false}, {"lstrip", false},
+          {"rstrip", false}, {"normalized", false}, {"special", true}};
+}
+
+}  // namespace
+
+std::string byte_hf_tokenizer_json() {
+  nlohmann::json vocab = nlohmann::json::object();
+  for (int b = 0; b < 256; ++b) vocab[byte_level_char(b)] = b;
+  const nlohmann::json byte_level = {{"type", "ByteLevel"},
+                                     {"add_prefix_space", false},
+                                     {"trim_offsets", false},
+                                     {"use_regex", false}};
+  const nlohmann::json j = {{"version", "1.0"},
+                            {"truncation", nullptr},
+                            {"padding", nullptr},
+                            {"added_tokens",
+                             {added_token(ByteTokenizer::kEnd, "<|endoftext|>"),
+                              added_token(ByteTokenizer::kPad, "<|pad|>"),
+                              added_token(ByteTokenizer::kMask, "<|mask|>")}},
+                            {"normalizer", nullptr},
+                            {"pre_tokenizer", byte_level},
+                            {"post_processor", nullptr},
+                            {"decoder", byte_level},
+                            {"model",
+                             {{"type", "BPE"},
+                              {"dropout", nullptr},
+                              {"unk_token", nullptr},
+                              {"continuing_subword_prefix", nullptr},
+                              {"end_of_word_suffix", nullptr},
+                              {"fuse_unk", false},
+                              {"byte_fallback", false},
+                              {"ignore_merges", false},
+                              {"vocab", vocab},
+                              {"merges", nlohmann::json::array()}}}};
+  return j.dump(2) + "\n";
+}
+
+std::string byte_hf_tokenizer_config_json() {
+  const nlohmann::json j = {{"tokenizer_class", "PreTrainedTokenizerFast"},
+                            {"eos_token", "<|endoftext|>"},
+                            {"pad_token", "<|pad|>"},
+                            {"mask_token", "<|mask|>"},
+                            {"model_max_length", 40960},
+                            {"chat_template", kByteChatTemplate}};
+  return j.dump(2) + "\n";
+}
+
 bool has_byte_tokenizer(const std::string& model_dir) {
   const std::string file = (std::filesystem::path(model_dir) / kByteTokenizerFile).string();
   if (!std::filesystem::exists(file)) return false;

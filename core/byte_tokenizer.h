@@ -35,6 +35,16 @@ int64_t first_invalid_utf8(const std::string& text);
 // "pad_token_id", "mask_token_id"}.
 extern const char* const kByteTokenizerFile;
 std::string byte_tokenizer_json();
+// The same tokenizer as Hugging Face tokenizer files, so that transformers'
+// AutoTokenizer (and `dflash prepare`) reads the directory: tokenizer.json
+// (a byte-level BPE without merges whose ids are the byte values, the three
+// specials <|endoftext|> 256, <|pad|> 257, <|mask|> 258) and
+// tokenizer_config.json with a ChatML-style chat template (kByteChatTemplate):
+// "<|im_start|>ROLE\nCONTENT" then <|endoftext|> (the end-of-turn token) and
+// "\n" per message, the markers plain bytes.
+extern const char* const kByteChatTemplate;
+std::string byte_hf_tokenizer_json();
+std::string byte_hf_tokenizer_config_json();
 // True when `model_dir` holds one; throws std::runtime_error naming the file
 // and field when it exists but disagrees with ByteTokenizer.
 bool has_byte_tokenizer(const std::string& model_dir);

@@ -7,6 +7,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
+#include <utility>
 
 #include "fixtures/test_support.h"
 
@@ -79,6 +81,29 @@ TEST(ByteTokenizer, DescriptionFileIsReadAndCheckedByField) {
   }
   write("not json");
   EXPECT_THROW(has_byte_tokenizer(dir.p.string()), std::runtime_error);
+}
+
+// The shipped target's Hugging Face tokenizer files are what `dflash
+// train-target` writes (byte_hf_tokenizer_json / _config_json): the same
+// JSON, so a regenerated target keeps its chat template (transformers'
+// loading of them is python.prepare's test).
+TEST(ByteTokenizer, ShippedHfTokenizerFilesAreTheWriters) {
+  const std::string dir = testing_support::source_dir() + "/fixtures/targets/qwen3-bytes/";
+  for (const auto& [file, text] :
+       {std::pair<std::string, std::string>{"tokenizer.json", byte_hf_tokenizer_json()},
+        {"tokenizer_config.json", byte_hf_tokenizer_config_json()}}) {
+    std::ifstream in(dir + file);
+    ASSERT_TRUE(in) << dir + file;
+    const nlohmann::json shipped = nlohmann::json::parse(in);
+    EXPECT_EQ(shipped, nlohmann::json::parse(text)) << file;
+  }
+  const nlohmann::json tj = nlohmann::json::parse(byte_hf_tokenizer_json());
+  for (int b = 0; b < 256; ++b) {  // every byte once, its id its value
+    int seen = 0;
+    for (const auto& [k, v] : tj["model"]["vocab"].items()) seen += v == b;
+    EXPECT_EQ(seen, 1) << b;
+  }
+  EXPECT_EQ(tj["model"]["vocab"].size(), 256u);
 }
 
 }  // namespace

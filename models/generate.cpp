@@ -105,4 +105,43 @@ void greedy_continue(const Config& c, const TargetWeights& target, at::Tensor& i
   if (!ids.is_same(ids_out)) ids_out.copy_(ids);
 }
 
+void greedy_answers(const Config& c, const TargetWeights& target, at::Tensor& ids, at::Tensor& mask,
+                    int64_t banned_token) {
+  const int64_t S = ids.size(0);
+  const at::Tensor ic = ids.to(at::kLong).contiguous(), mc = mask.to(at::kBool).contiguous();
+  const int64_t* in = ic.data_ptr<int64_t>();
+  const bool* m = mc.data_ptr<bool>();
+  const at::TensorOptions idx = at::TensorOptions(at::kLong).device(target.embed_tokens.device());
+  std::vector<int64_t> out;
+  std::vector<uint8_t> answer;
+  TargetCache tc(c, target, banned_token);
+  // The greedy token after everything in `out` (the uncommitted tail run in
+  // one forward).
+  auto next = [&]() {
+    const int64_t n0 = tc.length(), T = int64_t(out.size()) - n0;
+    const at::Tensor tok =
+        at::tensor(std::vector<int64_t>(out.begin() + n0, out.end()), at::kLong).to(idx.device());
+    const at::Tensor choice =
+        tc.forward(tok.view({1, T}), at::arange(n0, n0 + T, idx), {}, T - 1).choice;
+    tc.commit(iota_rows(T));
+    return choice.item<int64_t>();
+  };
+  for (int64_t i = 0; i < S && int64_t(out.size()) < S;) {
+    int64_t b = i;
+    while (b < S && m[b]) ++b;
+    if (b == i || out.empty()) {  // prompt tokens (an answer with nothing before it stays)
+      for (const int64_t end = b == i ? i + 1 : b; i < end; ++i)
+        out.push_back(in[i]), answer.push_back(m[i] ? 1 : 0);
+      continue;
+    }
+    const int64_t eot = in[b - 1];  // the template's end-of-turn token closes the turn
+    for (int64_t t = -1; t != eot && int64_t(out.size()) < S;)
+      out.push_back(t = next()), answer.push_back(1);
+    i = b;
+  }
+  ids.zero_(), mask.zero_();
+  for (size_t k = 0; k < out.size(); ++k)
+    ids[int64_t(k)] = out[k], mask[int64_t(k)] = bool(answer[k]);
+}
+
 }  // namespace dflash::models

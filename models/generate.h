@@ -64,4 +64,16 @@ at::Tensor cat_keys(const at::Tensor& cache, const at::Tensor& fresh);
 void greedy_continue(const Config& c, const TargetWeights& target, at::Tensor& ids,
                      int64_t prompt_len, int64_t banned_token);
 
+// A conversation answered by the target: each run of `mask` (an assistant
+// turn of a prepared conversation, ending with its end-of-turn token) is
+// replaced by the target's greedy answer to everything before it (earlier
+// answers already its own), up to and including that end-of-turn token or
+// the row's end; every other token is kept, in order. ids (S) int64 and
+// mask (S) bool on the host, rewritten in place (answers marked in mask,
+// the rest 0, padded with token 0). One KV cache per conversation: the
+// prompt parts are prefilled in one forward each, answers one token per
+// forward.
+void greedy_answers(const Config& c, const TargetWeights& target, at::Tensor& ids, at::Tensor& mask,
+                    int64_t banned_token);
+
 }  // namespace dflash::models

@@ -267,5 +267,58 @@ TEST_P(Generate, CachedGreedyEqualsFullPrefixForwards) {
 INSTANTIATE_TEST_SUITE_P(Targets, Generate, ::testing::Values(false, true),
                          [](const auto& i) { return std::string(i.param ? "llama" : "qwen3"); });
 
+// The target's greedy next token after `prefix` (uncached, whole prefix).
+int64_t uncached_greedy(const Config& c, const TargetWeights& t, const std::vector<int64_t>& prefix,
+                        int64_t banned) {
+  const at::Tensor ids = at::tensor(prefix, at::kLong).view({1, -1});
+  const at::Tensor h = reference::target_forward(c, t, ids).final_hidden;
+  at::Tensor logits = reference::target_logits(t, h.select(1, h.size(1) - 1));
+  logits.select(1, banned).fill_(-INFINITY);
+  return logits.argmax(1).item<int64_t>();
+}
+
+// A conversation answered by the target (self_distill of prepared
+// conversations): the prompt turns kept in order, each answer the target's
+// uncached greedy choice after everything before it, ended by the turn's
+// end-of-turn token, after which the next user turn follows.
+TEST(Generate, ConversationAnswersAreTheTargetsGreedyOnes) {
+  Config c = fixtures::micro_config();
+  c.run.dtype = DType::kFloat64;
+  const TargetWeights t = make_target(c);
+  const int64_t S = c.data.seq_len, banned = c.data.mask_token_id;
+  // user turn 1 [0, 3), answer 1 [3, 5), user turn 2 [5, 7), answer 2 [7, 9).
+  const std::vector<int64_t> user1 = {5, 9, 2}, user2 = {7, 1};
+  // The end-of-turn token: the first token the target says after user turn
+  // 1 that it has not said before in that answer (so the answer is longer
+  // than one token and stops there).
+  std::vector<int64_t> p = user1;
+  p.push_back(uncached_greedy(c, t, p, banned));
+  for (;;) {
+    p.push_back(uncached_greedy(c, t, p, banned));
+    if (std::find(p.begin() + 3, p.end() - 1, p.back()) == p.end() - 1) break;
+    ASSERT_LT(p.size(), 16u) << "the target repeats itself: pick another prompt";
+  }
+  const int64_t eot = p.back();
+  at::Tensor ids = at::zeros({S}, at::kLong), mask = at::zeros({S}, at::kBool);
+  const std::vector<int64_t> row = {5, 9, 2, 11, eot, 7, 1, 12, eot};
+  for (size_t k = 0; k < row.size(); ++k) ids[int64_t(k)] = row[k];
+  for (int64_t k : {3, 4, 7, 8}) mask[k] = true;
+  greedy_answers(c, t, ids, mask, banned);
+  std::vector<int64_t> want = p, want_mask(p.size(), 1);  // answer 1: p after user turn 1
+  std::fill(want_mask.begin(), want_mask.begin() + 3, 0);
+  want.insert(want.end(), user2.begin(), user2.end());
+  want_mask.insert(want_mask.end(), {0, 0});
+  while (int64_t(want.size()) < S) {  // answer 2 until the end token or the row's end
+    want.push_back(uncached_greedy(c, t, want, banned));
+    want_mask.push_back(1);
+    if (want.back() == eot) break;
+  }
+  for (size_t k = 0; k < want.size(); ++k) {
+    EXPECT_EQ(ids[int64_t(k)].item<int64_t>(), want[k]) << "position " << k;
+    EXPECT_EQ(mask[int64_t(k)].item<bool>(), bool(want_mask[k])) << "position " << k;
+  }
+  for (int64_t k = int64_t(want.size()); k < S; ++k) EXPECT_FALSE(mask[k].item<bool>());
+}
+
 }  // namespace
 }  // namespace dflash::models

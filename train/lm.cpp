@@ -165,6 +165,10 @@ void finish_directory(const LmRecipe& r, const LmResult& res, const std::string&
                               {"do_sample", false}};
   safetensors::write_file_atomic((dir / "generation_config.json").string(), gen.dump(2) + "\n");
   safetensors::write_file_atomic((dir / kByteTokenizerFile).string(), byte_tokenizer_json());
+  // The same tokenizer for transformers, with a chat template (dflash prepare).
+  safetensors::write_file_atomic((dir / "tokenizer.json").string(), byte_hf_tokenizer_json());
+  safetensors::write_file_atomic((dir / "tokenizer_config.json").string(),
+                                 byte_hf_tokenizer_config_json());
   const nlohmann::json result = {{"recipe", recipe_json(r)},
                                  {"heldout_bits_per_byte", res.heldout_bpb},
                                  {"train_bits_per_byte", res.train_bpb},

@@ -183,3 +183,39 @@ def test_dflash_prepare_command(tok, tmp_path: Path) -> None:
     assert "conversations 1, written 1" in r.stdout
     row = json.loads((tmp_path / "o.jsonl").read_text())
     assert row["input_ids"] == tokenize_with_mask(tok, CHAT, end_of_turn(tok), Options(), "")[0]
+
+
+BYTES = ROOT / "fixtures/targets/qwen3-bytes"
+
+
+def test_byte_target_template_and_the_shipped_conversations(tmp_path: Path) -> None:
+    """The shipped byte target's tokenizer files (ids = bytes, ChatML-style
+    template, <|endoftext|> closing each turn): the mask of every fixture
+    conversation decodes to exactly its assistant texts, each followed by
+    the end-of-turn token, and fixtures/chat/conversations-bytes.jsonl is
+    what `dflash prepare` writes today (chat-regen.toml trains on it)."""
+    btok = load_tokenizer(str(BYTES))
+    text = "héllo wörld ✓\n"
+    assert btok(text, add_special_tokens=False)["input_ids"] == list(text.encode())
+    assert end_of_turn(btok) == "<|endoftext|>"
+    out = tmp_path / "bytes.jsonl"
+    prepare([ROOT / "fixtures/chat/conversations.jsonl"], out, btok, Options(seq_len=512))
+    assert out.read_bytes() == (ROOT / "fixtures/chat/conversations-bytes.jsonl").read_bytes()
+    from dflash.chat_records import read_conversations
+
+    convs = list(read_conversations(ROOT / "fixtures/chat/conversations.jsonl"))
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == len(convs) == 30
+    for conv, row in zip(convs, rows):
+        ids, mask = row["input_ids"], row["loss_mask"]
+        spans, cur = [], []
+        for i, m in zip(ids, mask):
+            if m:
+                cur.append(i)
+            elif cur:
+                spans.append(cur)
+                cur = []
+        if cur:
+            spans.append(cur)
+        answers = [m["content"] for m in conv.messages if m["role"] == "assistant"]
+        assert [btok.decode(s) for s in spans] == [a + "<|endoftext|>" for a in answers]
