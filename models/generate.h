@@ -25,13 +25,16 @@ class TargetCache {
     at::Tensor choice;  // (B, T - choices_from) int64: greedy next token after new positions
     at::Tensor taps;    // (B, T, L*H): the tapped layers' outputs at the new positions
   };
-  // Runs `tokens` (B, T) at `positions` (T) after the committed ones. A new
-  // position sees every committed one plus the new ones `visible` (T, T)
-  // bool marks (undefined: causal). Their keys stay pending until commit.
-  // Only rows [choices_from, T) go through the LM head (a prefill needs the
-  // last one: no (T, V) logits for a long prompt).
+  // Runs `tokens` (B, T) at `positions` (T, or (B, T) per row) after the
+  // committed ones. A new position sees every committed one plus the new
+  // ones `visible` (T, T) bool marks (undefined: causal). Their keys stay
+  // pending until commit. Only rows [choices_from, T) go through the LM
+  // head (a prefill needs the last one: no (T, V) logits for a long
+  // prompt). `real` (B, T) bool (undefined: all) marks padding as not real:
+  // a padded position is never a key, now or after commit (rows of
+  // different lengths side by side).
   Out forward(const at::Tensor& tokens, const at::Tensor& positions, const at::Tensor& visible,
-              int64_t choices_from = 0);
+              int64_t choices_from = 0, const at::Tensor& real = {});
   // Keeps the pending positions `rows` (indices into the last forward's T,
   // in order) after the committed ones and drops the rest.
   void commit(const std::vector<int64_t>& rows);
@@ -41,7 +44,8 @@ class TargetCache {
   const Config& c_;
   const TargetWeights& w_;
   int64_t banned_;
-  std::vector<at::Tensor> k_, v_;  // per layer (B, nkv, length + pending, hd)
+  std::vector<at::Tensor> k_, v_;   // per layer (B, nkv, length + pending, hd)
+  at::Tensor real_, pending_real_;  // (B, length), (B, pending) bool; undefined: all real
   int64_t length_ = 0;
 };
 
@@ -64,15 +68,17 @@ at::Tensor cat_keys(const at::Tensor& cache, const at::Tensor& fresh);
 void greedy_continue(const Config& c, const TargetWeights& target, at::Tensor& ids,
                      int64_t prompt_len, int64_t banned_token);
 
-// A conversation answered by the target: each run of `mask` (an assistant
-// turn of a prepared conversation, ending with its end-of-turn token) is
-// replaced by the target's greedy answer to everything before it (earlier
-// answers already its own), up to and including that end-of-turn token or
-// the row's end; every other token is kept, in order. ids (S) int64 and
-// mask (S) bool on the host, rewritten in place (answers marked in mask,
-// the rest 0, padded with token 0). One KV cache per conversation: the
-// prompt parts are prefilled in one forward each, answers one token per
-// forward.
+// Conversations answered by the target: in each row, each run of `mask`
+// (an assistant turn of a prepared conversation, ending with its
+// end-of-turn token) is replaced by the target's greedy answer to
+// everything before it (earlier answers already its own), up to and
+// including that end-of-turn token or the row's end; every other token is
+// kept, in order. ids (N, S) int64 and mask (N, S) bool on the host,
+// rewritten in place (answers marked in mask, the rest 0, padded with
+// token 0). The N rows are decoded side by side in one KV cache: per
+// forward each row feeds its next prompt part (prefilled whole) or its
+// last answer token, right-aligned, the shorter rows padded with
+// positions that are never keys.
 void greedy_answers(const Config& c, const TargetWeights& target, at::Tensor& ids, at::Tensor& mask,
                     int64_t banned_token);
 

@@ -299,11 +299,12 @@ TEST(Generate, ConversationAnswersAreTheTargetsGreedyOnes) {
     ASSERT_LT(p.size(), 16u) << "the target repeats itself: pick another prompt";
   }
   const int64_t eot = p.back();
-  at::Tensor ids = at::zeros({S}, at::kLong), mask = at::zeros({S}, at::kBool);
+  at::Tensor ids2 = at::zeros({1, S}, at::kLong), mask2 = at::zeros({1, S}, at::kBool);
+  at::Tensor ids = ids2[0], mask = mask2[0];
   const std::vector<int64_t> row = {5, 9, 2, 11, eot, 7, 1, 12, eot};
   for (size_t k = 0; k < row.size(); ++k) ids[int64_t(k)] = row[k];
   for (int64_t k : {3, 4, 7, 8}) mask[k] = true;
-  greedy_answers(c, t, ids, mask, banned);
+  greedy_answers(c, t, ids2, mask2, banned);
   std::vector<int64_t> want = p, want_mask(p.size(), 1);  // answer 1: p after user turn 1
   std::fill(want_mask.begin(), want_mask.begin() + 3, 0);
   want.insert(want.end(), user2.begin(), user2.end());
@@ -318,6 +319,63 @@ TEST(Generate, ConversationAnswersAreTheTargetsGreedyOnes) {
     EXPECT_EQ(mask[int64_t(k)].item<bool>(), bool(want_mask[k])) << "position " << k;
   }
   for (int64_t k = int64_t(want.size()); k < S; ++k) EXPECT_FALSE(mask[k].item<bool>());
+}
+
+// Conversations decoded side by side (rows of different prompt and answer
+// lengths, padded where they differ) are the conversations decoded one by
+// one, token for token (float64: no near-ties).
+TEST(Generate, ConversationsSideBySideEqualOneByOne) {
+  Config c = fixtures::micro_config();
+  c.run.dtype = DType::kFloat64;
+  c.data.seq_len = 24;
+  const TargetWeights t = make_target(c);
+  const int64_t S = c.data.seq_len, banned = c.data.mask_token_id;
+  const int64_t N = 4;
+  at::Tensor ids = at::zeros({N, S}, at::kLong), mask = at::zeros({N, S}, at::kBool);
+  // Rows: prompt lengths 1, 5, 3, 8; answers 2 or 3 tokens closed by token
+  // 4 (the end of turn); rows 1 and 3 have a second user turn and answer.
+  const std::vector<std::vector<std::pair<int64_t, bool>>> rows = {
+      {{3, 0}, {6, 1}, {4, 1}},
+      {{1, 0},
+       {2, 0},
+       {3, 0},
+       {5, 0},
+       {8, 0},
+       {9, 1},
+       {4, 1},
+       {7, 0},
+       {2, 0},
+       {6, 1},
+       {6, 1},
+       {4, 1}},
+      {{12, 0}, {13, 0}, {14, 0}, {15, 1}, {16, 1}, {4, 1}},
+      {{2, 0},
+       {2, 0},
+       {3, 0},
+       {3, 0},
+       {5, 0},
+       {5, 0},
+       {7, 0},
+       {7, 0},
+       {1, 1},
+       {4, 1},
+       {9, 0},
+       {10, 1},
+       {4, 1}}};
+  for (int64_t r = 0; r < N; ++r)
+    for (size_t k = 0; k < rows[size_t(r)].size(); ++k)
+      ids[r][int64_t(k)] = rows[size_t(r)][k].first,
+      mask[r][int64_t(k)] = rows[size_t(r)][k].second;
+  at::Tensor one_ids = ids.clone(), one_mask = mask.clone();
+  for (int64_t r = 0; r < N; ++r) {
+    at::Tensor i = one_ids.narrow(0, r, 1).clone(), m = one_mask.narrow(0, r, 1).clone();
+    greedy_answers(c, t, i, m, banned);
+    one_ids.narrow(0, r, 1).copy_(i), one_mask.narrow(0, r, 1).copy_(m);
+  }
+  greedy_answers(c, t, ids, mask, banned);
+  EXPECT_TRUE(at::equal(ids, one_ids)) << ids << one_ids;
+  EXPECT_TRUE(at::equal(mask, one_mask)) << mask << one_mask;
+  EXPECT_FALSE(at::equal(ids.narrow(1, 0, 3), at::zeros({N, 3}, at::kLong)));
 }
 
 }  // namespace
