@@ -277,6 +277,9 @@ case "$case_name" in
     # ... an optimized component replaced by a zoo mutant (test hook) ...
     expect_fail "twin parity" preflight --config "$tiny" --mutant shifted_labels
     expect_fail "twin audit" preflight --config "$tiny" --mutant detached_checkpoint_input
+    expect_fail "twin leakage" preflight --config "$tiny" --cases 3 --mutant anchor_visible
+    grep -q "depends on the target features at row .* (>= its anchor" "$tmp/f.txt" ||
+      { cat "$tmp/f.txt"; exit 1; }
     expect_fail "memory ceilings" preflight --config "$tiny" --mutant chunk_logits_alive
     # ... and an invalid key.
     sed 's/^gamma = 4.0/gama = 4.0/' "$tiny" > "$tmp/typo.toml"

@@ -14,6 +14,7 @@
 #include "fixtures/fixtures.h"
 #include "harness/audit.h"
 #include "harness/error_ratios.h"
+#include "harness/leakage.h"
 #include "harness/memory_guard.h"
 #include "harness/on_device.h"
 #include "harness/oracle_property.h"
@@ -66,6 +67,12 @@ CheckRow audit_row(const std::string& name, const StepFn& fn, const Config& c) {
           fmt::format("{} tensors, {} findings, {} checkpointed regions", rep.rows.size(),
                       rep.findings.size(), rep.checkpoint_regions),
           since(t0), rep.ok() ? "" : rep.format()};
+}
+
+CheckRow leakage_row(const std::string& name, const HiddenFn& hidden, const Config& c) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const LeakageReport rep = audit_leakage_fixture(hidden, c);
+  return {name, rep.ok(), rep.ok() ? rep.format() : "LEAK", since(t0), rep.ok() ? "" : rep.finding};
 }
 
 CheckRow memory_row(const std::string& name, const MemoryVerdict& v, double seconds) {
@@ -240,6 +247,15 @@ int run_parity(const ParityOptions& o) {
   if (user) {
     rows.push_back(audit_row("audit.reference[" + o.config + "]", reference::drafter_step, *user));
     rows.push_back(audit_row("audit.optimized[" + o.config + "]", optimized::drafter_step, *user));
+  }
+  progress("leakage");
+  const optimized::Components parts = optimized::real_components();
+  rows.push_back(leakage_row("leakage.reference", reference_hidden(), audit_cfg));
+  rows.push_back(leakage_row("leakage.optimized", optimized_hidden(parts), audit_cfg));
+  if (user) {
+    rows.push_back(leakage_row("leakage.reference[" + o.config + "]", reference_hidden(), *user));
+    rows.push_back(
+        leakage_row("leakage.optimized[" + o.config + "]", optimized_hidden(parts), *user));
   }
   progress("memory ceilings");
   auto t0 = std::chrono::steady_clock::now();

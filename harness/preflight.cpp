@@ -14,6 +14,7 @@
 #include "fixtures/fixtures.h"
 #include "harness/audit.h"
 #include "harness/env_check.h"
+#include "harness/leakage.h"
 #include "harness/memory_guard.h"
 #include "harness/on_device.h"
 #include "harness/parity.h"
@@ -229,6 +230,14 @@ void twin_audit_check(Row& r, const Subject& s) {
   if (!rep.ok()) r.result = "FAIL", r.detail = rep.format();
 }
 
+// The information-flow audit on the twin, with the build preflight checks
+// (its components: a mutant under test shows here too).
+void twin_leakage_check(Row& r, const Subject& s) {
+  const LeakageReport rep = audit_leakage_fixture(optimized_hidden(s.parts), s.twin);
+  r.figure = rep.ok() ? rep.format() : "a block reads what it must not";
+  if (!rep.ok()) r.result = "FAIL", r.detail = rep.finding;
+}
+
 void memory_check(Row& r, const Subject& s) {
   // The kernels the config runs with (aten for a CUDA config), measured here on CPU.
   const optimized::Kernels k = configured_variant(s.config).kernels;
@@ -286,7 +295,7 @@ int run_preflight(const PreflightOptions& o) {
                            o.mutant.empty() ? "" : ", mutant " + o.mutant + " (test hook)");
   });
   if (!ready) {
-    for (const char* n : {"environment", "memory plan", "twin parity", "twin audit",
+    for (const char* n : {"environment", "memory plan", "twin parity", "twin audit", "twin leakage",
                           "memory ceilings", "real step"})
       pf.not_run(n);
     return pf.finish();
@@ -301,6 +310,7 @@ int run_preflight(const PreflightOptions& o) {
     pf.not_run("twin parity", "runs on topology.device = \"" + s.config.topology.device +
                                   "\", which the environment check found unusable");
   pf.check("twin audit", [&](Row& r) { twin_audit_check(r, s); });
+  pf.check("twin leakage", [&](Row& r) { twin_leakage_check(r, s); });
   pf.check("memory ceilings", [&](Row& r) { memory_check(r, s); });
   pf.check("real step", [&](Row& r) { real_step_check(r, s); });
   return pf.finish();
