@@ -25,11 +25,12 @@ from safetensors.torch import load_file
 
 ROOT = Path(__file__).resolve().parent.parent
 BYTES = ROOT / "fixtures/targets/qwen3-bytes"
-# 1e-5 of each tensor's scale (its largest magnitude, at least 1): float32
-# on both sides with different kernels, and transformers computes RoPE
-# angles in float32 whatever the model's dtype (dflash in float64): in
-# float64 the two still differ by ~5e-7 relative on the tiny Llama, whose
-# init (std 0.2) makes attention sharp enough that a RoPE error shows.
+# 1e-5: float32 on both sides with different kernels. On the shipped byte
+# target absolute (measured 6e-6); on the tiny Llama of each tensor's scale
+# (its largest magnitude, ~32): transformers computes RoPE angles in
+# float32 whatever the model's dtype (dflash in float64), so in float64 the
+# two still differ by ~5e-7 relative there, the init (std 0.2) making
+# attention sharp enough that a RoPE error shows.
 TOL = 1e-5
 
 
@@ -98,11 +99,12 @@ def features(cfg: Path, out: Path, engine: str) -> dict[str, torch.Tensor]:
     return got
 
 
-def assert_close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], tol: float) -> None:
+def assert_close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], tol: float,
+                 relative: bool = False) -> None:
     assert a.keys() == b.keys()
     for k in a:
         if a[k].is_floating_point():
-            scale = max(1.0, b[k].double().abs().max().item())
+            scale = max(1.0, b[k].double().abs().max().item()) if relative else 1.0
             err = (a[k].double() - b[k].double()).abs().max().item()
             assert err <= tol * scale, f"{k}: max abs difference {err:.3g} > {tol} x {scale:.3g}"
         else:
@@ -154,7 +156,7 @@ def test_llama_forward_equals_transformers_and_self_distills(tmp_path: Path) -> 
     cfg = config(tmp_path, target, f'source = "jsonl"\npath = "{rows}"', 299, "[0, 2]")
     ours = features(cfg, tmp_path / "f-dflash", "dflash")
     theirs = features(cfg, tmp_path / "f-hf", "transformers")
-    assert_close(ours, theirs, TOL)
+    assert_close(ours, theirs, TOL, relative=True)
     # dflash's KV-cached generation and served decoding run on Llama too.
     sd = config(tmp_path, target, "source = \"self_distill\"\nnum_samples = 8\nprompt_len = 8",
                 299, "[0, 2]", steps=2, served=2)
