@@ -8,13 +8,18 @@
 #     $DFLASH_TORCH_ENV, else ${XDG_CACHE_HOME:-~/.cache}/dflash/torch-<version>.
 #     libtorch is the C++ library inside that wheel.
 #  3. Configure (Release, Ninja, ccache, lld, one precompiled header) and build.
+#  4. Install the Python package `dflash` (pyproject.toml) into that
+#     environment, with the op library just built (docs/PYTORCH.md).
 # `ci/bootstrap.sh --check` only says whether the torch environment is
 # complete (exit 0) or would be redone (exit 1, with the reason); it installs
 # and builds nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-torch_version=$(head -n1 cmake/TORCH_VERSION)
+# DFLASH_TORCH_VERSION / DFLASH_BUILD_DIR: another torch of cmake/TORCH_RANGE
+# in its own environment and build directory (ci/torch-newest.sh, nightly).
+torch_version=${DFLASH_TORCH_VERSION:-$(head -n1 cmake/TORCH_VERSION)}
+build_dir=${DFLASH_BUILD_DIR:-build}
 torch_env=${DFLASH_TORCH_ENV:-${XDG_CACHE_HOME:-$HOME/.cache}/dflash/torch-$torch_version}
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"
@@ -172,8 +177,23 @@ install_atheris
 # Configure once (again when the cache is missing or points at another torch),
 # then build.
 python_flag="-DDFLASH_TORCH_PYTHON=$torch_env/bin/python"
-if [ ! -f build/build.ninja ] || ! grep -q "^DFLASH_TORCH_PYTHON:FILEPATH=$torch_env/bin/python$" build/CMakeCache.txt; then
-  cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release "$python_flag" > /tmp/dflash-cmake.log 2>&1 \
+if [ ! -f "$build_dir/build.ninja" ] || ! grep -q "^DFLASH_TORCH_PYTHON:FILEPATH=$torch_env/bin/python$" "$build_dir/CMakeCache.txt"; then
+  cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release "$python_flag" > /tmp/dflash-cmake.log 2>&1 \
     || { cat /tmp/dflash-cmake.log; exit 1; }
 fi
-cmake --build build
+cmake --build "$build_dir"
+
+# The Python package `dflash` (pyproject.toml: the ops, the step dump, the
+# leakage audit) into the torch environment, built against its torch
+# (setup.py reuses the build directory: nothing is compiled again). Without build
+# isolation, so it needs setuptools >= 70.1 (its own bdist_wheel) there.
+install_python_package() {
+  "$torch_env/bin/python" -c "import setuptools, sys
+sys.exit(tuple(map(int, setuptools.__version__.split('.')[:2])) < (70, 1))" 2>/dev/null \
+    || "$torch_env/bin/pip" install --disable-pip-version-check -q setuptools==80.9.0 \
+         > /tmp/dflash-pip.log 2>&1 || { tail -20 /tmp/dflash-pip.log; exit 1; }
+  DFLASH_BUILD_DIR="$build_dir" "$torch_env/bin/pip" install --disable-pip-version-check -q \
+    --no-build-isolation --no-deps . \
+    > /tmp/dflash-pip.log 2>&1 || { tail -30 /tmp/dflash-pip.log; exit 1; }
+}
+install_python_package

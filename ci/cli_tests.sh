@@ -46,7 +46,7 @@ case "$case_name" in
     # command that reads a config, defaults in --help, no test hooks there,
     # no stray RapidCheck line.
     "$dflash" --version | tee "$tmp/v.txt"
-    grep -qE "^dflash [0-9]+\.[0-9]+\.[0-9]+ \(libtorch $(cat cmake/TORCH_VERSION)" "$tmp/v.txt"
+    grep -qE "^dflash [0-9]+\.[0-9]+\.[0-9]+ \(libtorch ${DFLASH_EXPECT_TORCH:-$(cat cmake/TORCH_VERSION)}" "$tmp/v.txt"
     if "$dflash" stpe > /dev/null 2> "$tmp/typo.txt"; then echo "'dflash stpe' ran"; exit 1; fi
     grep -q "unknown command 'stpe'; did you mean 'step'?" "$tmp/typo.txt"
     for sub in step dump validate audit plan preflight train features; do
@@ -293,7 +293,7 @@ case "$case_name" in
       readelf -d "$dflash" | grep NEEDED; echo "dflash hard-links libcuda"; exit 1
     fi
     "$dflash" env --json "$tmp/env.json" | tee "$tmp/env.txt"
-    grep -q "libtorch  *$(cat cmake/TORCH_VERSION) (CUDA build)" "$tmp/env.txt"
+    grep -q "libtorch  *${DFLASH_EXPECT_TORCH:-$(cat cmake/TORCH_VERSION)} (CUDA build)" "$tmp/env.txt"
     if [ ! -e /dev/nvidiactl ]; then grep -q "CUDA devices  *none" "$tmp/env.txt"; fi
     grep -q '"devices"' "$tmp/env.json"
     "$dflash" env --json - --no-kernel | grep -q '"cores"'
@@ -409,6 +409,24 @@ case "$case_name" in
     "$dflash" train --config "$tmp/t.toml" --skip-preflight --out-dir "$tmp/run" > "$tmp/train.txt" 2>&1 \
       || { tail -20 "$tmp/train.txt"; exit 1; }
     python3 ci/report_browser_check.py "$tmp/run/report.html" "$tmp/browser"
+    ;;
+  torch_range)
+    # CMake accepts every torch of cmake/TORCH_RANGE (the default included)
+    # and refuses one outside it, saying the range (cmake/TorchRange.cmake).
+    read -r lo hi < cmake/TORCH_RANGE
+    next="${hi%.*}.$(( ${hi#*.} + 1 )).0"
+    for v in "$(cat cmake/TORCH_VERSION)" "$lo.0" "$hi.0" "$hi.1+cu130"; do
+      cmake -DDFLASH_CHECK_TORCH="$v" -P cmake/TorchRange.cmake > "$tmp/r.txt" 2>&1 \
+        || { cat "$tmp/r.txt"; echo "torch $v refused"; exit 1; }
+    done
+    for v in "${lo%.*}.$(( ${lo#*.} - 1 )).9" "$next" 3.0.0; do
+      if cmake -DDFLASH_CHECK_TORCH="$v" -P cmake/TorchRange.cmake > "$tmp/r.txt" 2>&1; then
+        echo "torch $v accepted"; exit 1
+      fi
+      tr -s ' \n' ' ' < "$tmp/r.txt" \
+        | grep -q "found libtorch $v, but dflash builds against torch $lo to $hi (cmake/TORCH_RANGE)" \
+        || { cat "$tmp/r.txt"; exit 1; }
+    done
     ;;
   *)
     echo "unknown case $case_name"; exit 2 ;;

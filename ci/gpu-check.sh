@@ -3,13 +3,15 @@
 # root, after ci/gpu-gather.sh ran here and .gpu-deps/ travelled with the tree:
 #   ci/gpu-check.sh OUTDIR
 # Builds dflash against that machine's own torch (python3's), then runs, each
-# under its own time limit (about 8 minutes in all at most):
+# under its own time limit (about 12.5 minutes in all at most):
 #   build       configure + the dflash binary
 #   build_tests the gpu test executables (each on its own: -k 0)
 #   gpu_tests   ctest -L gpu: CUDA vs float64 CPU reference parity (step, loss,
 #               attention; generated configs in fp32, bf16, fp64), the CUDA
 #               generator replay of activation checkpointing, memory ceilings
 #               on the CUDA caching allocator, a one-rank NCCL group
+#   torch_ops   the PyTorch ops (docs/PYTORCH.md) on CUDA: opcheck, parity,
+#               the compile + checkpoint test, ci/flex_contrast.py --device cuda
 #   bench       dflash bench --device cuda (GPU sizes: loss Q=8192 H=4096
 #               V=128256 bf16, attention S=8192 with 256 blocks of 16)
 #   train       dflash train on fixtures/configs/tiny-train-random.toml with
@@ -81,6 +83,17 @@ if [ "${rc[build]}" -eq 0 ]; then
   stage build_tests 120 cmake --build "$build" -j "$jobs" -- -k 0 harness_cuda_gpu_test \
     dist_nccl_gpu_test dist_split_gpu_test decode_speculative_gpu_test
   stage gpu_tests 120 ctest --test-dir "$build" -L gpu --output-on-failure
+  # The PyTorch ops on CUDA (docs/PYTORCH.md): opcheck and parity, the
+  # compile + checkpoint test, and flex_attention in the same set-up.
+  # pytest comes as wheels from .gpu-deps (ci/gpu-gather.sh), unzipped.
+  stage torch_ops 180 bash -c "set -e; cmake --build '$build' -j $jobs --target dflash_torch_ops
+    mkdir -p /tmp/dflash-gpu-wheels; for w in .gpu-deps/wheels/*.whl; do
+      '$python' -m zipfile -e \"\$w\" /tmp/dflash-gpu-wheels; done
+    export PYTHONPATH=python:/tmp/dflash-gpu-wheels DFLASH_TEST_DEVICE=cuda
+    export DFLASH_OPS_LIBRARY='$build/python/dflash/libdflash_ops.so'
+    '$python' -m pytest -q -p no:cacheprovider python/dflash/ops_test.py \
+      python/dflash/compile_checkpoint_test.py
+    '$python' ci/flex_contrast.py --device cuda"
   stage bench 90 "$build/dflash" bench --device cuda --repeats 2 --json "$out/bench.json"
   rm -rf /tmp/dflash-gpu-run  # a warm machine keeps /tmp between runs
   stage train 60 "$build/dflash" train --config fixtures/configs/tiny-train-random.toml --device cuda \

@@ -22,4 +22,10 @@ if [ ${#missing[@]} -gt 0 ]; then
     apt-get update -qq && apt-get download "${missing[@]}"
   }
 fi
-echo "gpu-gather: $(ls ./*.deb | wc -l) packages in .gpu-deps ($(du -sh . | cut -f1))"
+# pytest (and what it needs), for the PyTorch ops' tests (stage torch_ops):
+# wheels the GPU machine's python puts on sys.path without installing.
+if ! compgen -G "wheels/pytest-*.whl" > /dev/null; then
+  python3 -m pip download -q --only-binary=:all: -d wheels pytest==9.2.0 \
+    > /tmp/dflash-gpu-gather.log 2>&1 || { tail -5 /tmp/dflash-gpu-gather.log; exit 1; }
+fi
+echo "gpu-gather: $(ls ./*.deb | wc -l) packages, $(ls wheels/*.whl | wc -l) wheels in .gpu-deps ($(du -sh . | cut -f1))"

@@ -4,7 +4,7 @@
 The layers, bottom to top (each a CMake library; README "What is here"):
 
   core -> reference -> fixtures -> optimized -> harness -> models -> data
-       -> decode -> dist -> train -> cli, fuzz
+       -> decode -> dist -> train -> cli, fuzz, ops
 
 A source or header of a folder may include its own folder and any folder
 below it. Tests (`*_test.cpp`, `*_nightly_test.cpp`) may also include the
@@ -21,7 +21,8 @@ import subprocess
 import sys
 
 LAYERS = {"core": 0, "reference": 1, "fixtures": 2, "optimized": 3, "harness": 4,
-          "models": 5, "data": 6, "decode": 7, "dist": 8, "train": 9, "cli": 10, "fuzz": 10}
+          "models": 5, "data": 6, "decode": 7, "dist": 8, "train": 9, "cli": 10, "fuzz": 10,
+          "ops": 10}
 TEST_SUPPORT = {"fixtures", "harness"}
 SOURCE = (".cpp", ".h", ".cu", ".cuh")
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([A-Za-z0-9_]+)/[^"]+"')

@@ -5,7 +5,8 @@
 # at 20x its default case count with the same seed, then the mutation runner
 # (ci/mutants.sh: every mutant of ci/mutants.toml killed), the fuzz targets
 # for 3 minutes each (ci/fuzz.sh) and the quick suite under ASan + UBSan
-# (ci/sanitize.sh). docs/RELIABILITY.md.
+# (ci/sanitize.sh), and the quick suite built against the newest torch of
+# cmake/TORCH_RANGE (ci/torch-newest.sh). docs/RELIABILITY.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ci/bootstrap.sh
@@ -27,6 +28,9 @@ if [ -n "${DFLASH_MUTANTS_ONLY:-}" ]; then
 else
   ci/mutants.sh --json build/nightly-mutants.json
 fi
+# The newest torch of cmake/TORCH_RANGE: its own environment and build,
+# the quick suite (the package's tests included) against it.
+ci/torch-newest.sh
 # Every parser fuzzed, then the quick suite under the sanitizers.
 ci/fuzz.sh "${DFLASH_FUZZ_SECONDS:-180}"
 ci/sanitize.sh

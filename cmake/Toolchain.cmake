@@ -17,6 +17,15 @@ if(DFLASH_HAVE_LLD)
   add_link_options("-fuse-ld=lld")
 endif()
 
+# Every object is position-independent (-fPIC), executables included: the
+# static libraries also link into the PyTorch op library (ops/, a shared
+# object), and one precompiled header serves all targets only when every
+# target compiles with the same -fpic setting (gcc checks it). Executables
+# were -fPIE before (Debian's gcc default). Not measured side by side; after
+# the change `dflash bench` meets every target of docs/PERFORMANCE.md
+# (its "The PyTorch op" section has the figures).
+add_compile_options($<$<COMPILE_LANGUAGE:CXX>:-fPIC> $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-fPIC>)
+
 # Applied to every dflash target so the precompiled header stays reusable
 # (gcc rejects a PCH built with different flags).
 function(dflash_setup_target tgt)

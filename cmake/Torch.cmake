@@ -1,6 +1,7 @@
 # libtorch: the C++ library inside PyTorch's wheel, one version for CPU and
-# GPU, pinned in cmake/TORCH_VERSION (the one place that states it; the
-# bootstrap reads the same file).
+# GPU. cmake/TORCH_VERSION is the default (what the bootstrap installs and
+# the GPU machines carry); any torch in cmake/TORCH_RANGE is accepted
+# (cmake/TorchRange.cmake), anything else refused.
 #
 # Where it comes from, first match wins:
 #   -DTorch_DIR=... or -DCMAKE_PREFIX_PATH=...   (your own torch install)
@@ -58,13 +59,11 @@ if(NOT Torch_FOUND)
     "torch==${DFLASH_TORCH_VERSION} into its own environment, or pass "
     "-DDFLASH_TORCH_PYTHON=<python with torch ${DFLASH_TORCH_VERSION}> (docs/BUILDING.md).")
 endif()
-if(NOT Torch_VERSION VERSION_EQUAL DFLASH_TORCH_VERSION)
-  message(FATAL_ERROR
-    "dflash: found libtorch ${Torch_VERSION} at ${Torch_DIR}, but this tree is built and "
-    "tested against torch ${DFLASH_TORCH_VERSION} only (cmake/TORCH_VERSION). Run "
-    "ci/bootstrap.sh, or point -DDFLASH_TORCH_PYTHON / -DTorch_DIR at a torch "
-    "${DFLASH_TORCH_VERSION} install.")
-endif()
+set(DFLASH_TORCH_DEFAULT "${DFLASH_TORCH_VERSION}")
+include(${CMAKE_CURRENT_LIST_DIR}/TorchRange.cmake)
+dflash_check_torch_version("${Torch_VERSION}" " at ${Torch_DIR}")
+# From here on, the version found (the default or another in the range).
+set(DFLASH_TORCH_VERSION "${Torch_VERSION}")
 get_filename_component(DFLASH_TORCH_ROOT "${Torch_DIR}/../../.." ABSOLUTE)
 message(STATUS "dflash: libtorch ${Torch_VERSION} from ${DFLASH_TORCH_ROOT}")
 

@@ -145,22 +145,23 @@ struct FusedLoss : public torch::autograd::Function<FusedLoss> {
     // of num (a scalar, whatever its value) and, with dynamic weights, each
     // row's factor scale the saved input gradient.
     const auto saved = ctx->get_saved_variables();
-    const at::Tensor grad = saved[0], scale = saved[1];
-    const at::Tensor g = grad_outputs[0];
-    // Scaled in fp32 (fp64 for float64): 1 / sum(w) rounded to bf16 would
-    // shift the whole gradient by up to 0.4%.
-    const at::ScalarType acc = grad.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-    at::Tensor gs;
-    if (g.defined()) {
-      const at::Tensor up = scale.defined() ? scale * g.to(acc) : g.to(acc);
-      gs = (grad.to(acc) * up).to(grad.scalar_type());
-    }
+    const at::Tensor gs = chunked_lm_loss_backward(saved[0], saved[1], grad_outputs[0]);
     // One entry per forward argument; W (the frozen LM head) never gets one.
     return {gs, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}};
   }
 };
 
 }  // namespace
+
+at::Tensor chunked_lm_loss_backward(const at::Tensor& grad, const at::Tensor& scale,
+                                    const at::Tensor& g) {
+  if (!g.defined()) return {};
+  // Scaled in fp32 (fp64 for float64): 1 / sum(w) rounded to bf16 would
+  // shift the whole gradient by up to 0.4%.
+  const at::ScalarType acc = grad.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const at::Tensor up = scale.defined() ? scale * g.to(acc) : g.to(acc);
+  return (grad.to(acc) * up).to(grad.scalar_type());
+}
 
 RowObjectives row_objectives(const LossConfig& L) {
   return {L.ce_weight, L.kl_weight, L.reverse_kl_weight, L.jsd_weight,
@@ -178,11 +179,10 @@ at::Tensor dpace_row_weights(const at::Tensor& ce, const at::Tensor& rows, int64
   return suffix.reshape(-1).index_select(0, rows);                                 // (M)
 }
 
-ChunkedLossOut chunked_lm_loss(const at::Tensor& student, const at::Tensor& teacher,
-                               const at::Tensor& W, const at::Tensor& rows, const at::Tensor& trows,
+void check_chunked_loss_inputs(const at::Tensor& student, const at::Tensor& W,
+                               const at::Tensor& rows, const at::Tensor& trows,
                                const at::Tensor& labels, const at::Tensor& weights,
-                               const LossConfig& L, int64_t chunk, Kernels kernels,
-                               const RowWeightFn& dynamic) {
+                               Kernels kernels) {
   TORCH_CHECK(student.dim() == 2 && W.dim() == 2 && student.size(1) == W.size(1),
               "chunked_lm_loss: student (Ns, H) and lm_head (V, H) expected");
   TORCH_CHECK(student.device() == W.device(), "chunked_lm_loss: student on ", student.device(),
@@ -200,6 +200,26 @@ ChunkedLossOut chunked_lm_loss(const at::Tensor& student, const at::Tensor& teac
     TORCH_CHECK(rows.min().item<int64_t>() >= 0 && rows.max().item<int64_t>() < student.size(0),
                 "chunked_lm_loss: row index out of range");
   }
+}
+
+FusedLossForward chunked_lm_loss_forward(const at::Tensor& student, const at::Tensor& teacher,
+                                         const at::Tensor& W, const at::Tensor& rows,
+                                         const at::Tensor& trows, const at::Tensor& labels,
+                                         const at::Tensor& weights, const LossConfig& L,
+                                         int64_t chunk, Kernels kernels, bool want_grad) {
+  check_chunked_loss_inputs(student, W, rows, trows, labels, weights, kernels);
+  at::NoGradGuard no_grad;
+  ChunkResult r = run_chunks(student, teacher, W, rows, trows, labels, weights, L, chunk, kernels,
+                             want_grad, {});
+  return {as_out(r), r.grad};
+}
+
+ChunkedLossOut chunked_lm_loss(const at::Tensor& student, const at::Tensor& teacher,
+                               const at::Tensor& W, const at::Tensor& rows, const at::Tensor& trows,
+                               const at::Tensor& labels, const at::Tensor& weights,
+                               const LossConfig& L, int64_t chunk, Kernels kernels,
+                               const RowWeightFn& dynamic) {
+  check_chunked_loss_inputs(student, W, rows, trows, labels, weights, kernels);
   const bool want_grad = at::GradMode::is_enabled() && student.requires_grad();
   if (!want_grad) {
     at::NoGradGuard no_grad;

@@ -67,6 +67,24 @@ ChunkedLossOut chunked_lm_loss(const at::Tensor& student, const at::Tensor& teac
                                Kernels kernels = Kernels::kHost,
                                const RowWeightFn& dynamic_weights = {});
 
+// The same fused loss without an autograd node, for callers that register
+// their own backward (ops/, the PyTorch op dflash::fused_loss): forward over
+// every chunk and, when want_grad, dL(num)/dstudent (Ns, H), unscaled (the
+// gradient of `num`); no dynamic weights. chunked_lm_loss_backward is the
+// backward of both: the saved gradient times the upstream gradient g (a
+// scalar) and, where defined, the (Ns, 1) per-row scale.
+struct FusedLossForward {
+  ChunkedLossOut out;
+  at::Tensor grad;  // (Ns, H) or undefined
+};
+FusedLossForward chunked_lm_loss_forward(const at::Tensor& student, const at::Tensor& teacher,
+                                         const at::Tensor& lm_head, const at::Tensor& rows,
+                                         const at::Tensor& teacher_rows, const at::Tensor& labels,
+                                         const at::Tensor& weights, const LossConfig& loss,
+                                         int64_t chunk, Kernels kernels, bool want_grad);
+at::Tensor chunked_lm_loss_backward(const at::Tensor& grad, const at::Tensor& scale,
+                                    const at::Tensor& g);
+
 // D-PACE's factors (docs/LOSSES.md) for the M computed rows: `rows` are the
 // counted slots' flat indices (ascending) among `slots` = B*Q slots in blocks
 // of `block_size`; ce (M) float64. By scans over the (B*N, bs) slot table.

@@ -279,53 +279,74 @@ void backward_head(const HeadInputs& in, const BackwardTensors& bw, const Geomet
 }
 
 struct SparseAttention : public torch::autograd::Function<SparseAttention> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q_in, const at::Tensor& k_in,
-                            const at::Tensor& v_in, const at::Tensor& anchors,
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
+                            const at::Tensor& v, const at::Tensor& anchors,
                             const at::Tensor& keep, int64_t S, int64_t bs, int64_t tile,
                             Kernels kernels) {
-    const at::Tensor q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous();
-    const Geometry g = geometry(q, k, anchors, S, bs, tile, kernels);
-    at::Tensor out = at::zeros_like(q);  // keep = false blocks stay exactly 0
-    // Low-precision inputs also keep the output in acc precision for backward.
-    at::Tensor out_acc = q.scalar_type() == g.acc ? at::Tensor() : at::zeros(q.sizes(), g.opt);
-    at::Tensor lse = at::zeros({g.B, g.nh, g.Q}, g.opt);
-    // The block plans are built on the host (a (B, N) copy per call).
-    const at::Tensor anchors_h = anchors.cpu(), keep_h = keep.cpu();
-    // Heads run one after another: the GEMMs inside are large enough for
-    // the BLAS threads, and BLAS called from inside at::parallel_for
-    // oversubscribes the cores (measured 2.5x slower on 2 cores).
-    const HeadInputs in{q, k, v, anchors_h, keep_h};
-    for (int64_t i = 0; i < g.B * g.nkv; ++i)
-      forward_head(in, {out, out_acc, lse}, g, i / g.nkv, i % g.nkv);
-    ctx->save_for_backward({q, k, v, out_acc.defined() ? out_acc : out, lse, anchors, keep});
+    const DraftAttentionForward f = draft_attention_forward(q, k, v, anchors, keep, S, bs, tile,
+                                                            kernels);
+    ctx->save_for_backward({q.contiguous(), k.contiguous(), v.contiguous(),
+                            f.out_acc.defined() ? f.out_acc : f.out, f.lse, anchors, keep});
     ctx->saved_data["S"] = S;
     ctx->saved_data["bs"] = bs;
     ctx->saved_data["tile"] = tile;
     ctx->saved_data["kernels"] = int64_t(kernels);
-    return out;
+    return f.out;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto s = ctx->get_saved_variables();
-    const at::Tensor &q = s[0], &k = s[1], &v = s[2], &out = s[3], &lse = s[4];
-    const Geometry g =
-        geometry(q, k, s[5], ctx->saved_data["S"].toInt(), ctx->saved_data["bs"].toInt(),
-                 ctx->saved_data["tile"].toInt(), Kernels(ctx->saved_data["kernels"].toInt()));
-    const at::Tensor dout = grads[0].contiguous();  // the real, per-element upstream gradient
-    at::Tensor dq = at::zeros_like(q), dk = at::zeros_like(k), dv = at::zeros_like(v);
-    const at::Tensor anchors_h = s[5].cpu(), keep_h = s[6].cpu();
-    const HeadInputs in{q, k, v, anchors_h, keep_h};
-    for (int64_t i = 0; i < g.B * g.nkv; ++i)
-      backward_head(in, {out, lse, dout, dq, dk, dv}, g, i / g.nkv, i % g.nkv);
-    return {dq, dk, dv, {}, {}, {}, {}, {}, {}};
+    const DraftAttentionGrads g = draft_attention_backward(
+        grads[0], s[0], s[1], s[2], s[3], s[4], s[5], s[6], ctx->saved_data["S"].toInt(),
+        ctx->saved_data["bs"].toInt(), ctx->saved_data["tile"].toInt(),
+        Kernels(ctx->saved_data["kernels"].toInt()));
+    return {g.dq, g.dk, g.dv, {}, {}, {}, {}, {}, {}};
   }
 };
 
 }  // namespace
 
+DraftAttentionForward draft_attention_forward(const at::Tensor& q_in, const at::Tensor& k_in,
+                                              const at::Tensor& v_in, const at::Tensor& anchors,
+                                              const at::Tensor& keep, int64_t S, int64_t bs,
+                                              int64_t tile, Kernels kernels) {
+  TORCH_CHECK(tile >= 1, "draft_attention: tile must be >= 1");
+  const at::Tensor q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous();
+  const Geometry g = geometry(q, k, anchors, S, bs, tile, kernels);
+  TORCH_CHECK(v.sizes() == k.sizes(), "draft_attention: v must have k's shape");
+  TORCH_CHECK(keep.sizes() == anchors.sizes() && keep.scalar_type() == at::kBool,
+              "draft_attention: keep must be (B, N) bool, like anchors");
+  DraftAttentionForward f;
+  f.out = at::zeros_like(q);  // keep = false blocks stay exactly 0
+  if (q.scalar_type() != g.acc) f.out_acc = at::zeros(q.sizes(), g.opt);
+  f.lse = at::zeros({g.B, g.nh, g.Q}, g.opt);
+  const at::Tensor anchors_h = anchors.cpu(), keep_h = keep.cpu();
+  const HeadInputs in{q, k, v, anchors_h, keep_h};
+  for (int64_t i = 0; i < g.B * g.nkv; ++i)
+    forward_head(in, {f.out, f.out_acc, f.lse}, g, i / g.nkv, i % g.nkv);
+  return f;
+}
+
+DraftAttentionGrads draft_attention_backward(const at::Tensor& dout_in, const at::Tensor& q_in,
+                                             const at::Tensor& k_in, const at::Tensor& v_in,
+                                             const at::Tensor& out, const at::Tensor& lse,
+                                             const at::Tensor& anchors, const at::Tensor& keep,
+                                             int64_t S, int64_t bs, int64_t tile,
+                                             Kernels kernels) {
+  const at::Tensor q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous();
+  const Geometry g = geometry(q, k, anchors, S, bs, tile, kernels);
+  const at::Tensor dout = dout_in.contiguous();  // the real, per-element upstream gradient
+  DraftAttentionGrads r{at::zeros_like(q), at::zeros_like(k), at::zeros_like(v)};
+  const at::Tensor anchors_h = anchors.cpu(), keep_h = keep.cpu();
+  const HeadInputs in{q, k, v, anchors_h, keep_h};
+  for (int64_t i = 0; i < g.B * g.nkv; ++i)
+    backward_head(in, {out.contiguous(), lse.contiguous(), dout, r.dq, r.dk, r.dv}, g, i / g.nkv,
+                  i % g.nkv);
+  return r;
+}
+
 at::Tensor draft_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                            const Anchors& a, int64_t S, int64_t bs, int64_t tile, Kernels kernels) {
-  TORCH_CHECK(tile >= 1, "draft_attention: tile must be >= 1");
   return SparseAttention::apply(q, k, v, a.anchors.contiguous(), a.keep.contiguous(), S, bs, tile,
                                 kernels);
 }

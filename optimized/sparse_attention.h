@@ -31,4 +31,27 @@ at::Tensor draft_attention(const at::Tensor& q, const at::Tensor& k, const at::T
                            const Anchors& a, int64_t seq_len, int64_t block_size, int64_t tile,
                            Kernels kernels = Kernels::kHost);
 
+// The same attention without an autograd node, for callers that register
+// their own backward (ops/, the PyTorch op dflash::sparse_attention).
+// anchors (B, N) int64 and keep (B, N) bool on any device. Forward returns
+// out (B, nh, Q, hd) in q's dtype, lse (B, nh, Q) in the accumulation dtype
+// and, for inputs below fp32 (bf16), out_acc: out in the accumulation dtype,
+// which backward takes as `out` instead of out (undefined otherwise).
+struct DraftAttentionForward {
+  at::Tensor out, lse, out_acc;
+};
+struct DraftAttentionGrads {
+  at::Tensor dq, dk, dv;
+};
+DraftAttentionForward draft_attention_forward(const at::Tensor& q, const at::Tensor& k,
+                                              const at::Tensor& v, const at::Tensor& anchors,
+                                              const at::Tensor& keep, int64_t seq_len,
+                                              int64_t block_size, int64_t tile, Kernels kernels);
+DraftAttentionGrads draft_attention_backward(const at::Tensor& dout, const at::Tensor& q,
+                                             const at::Tensor& k, const at::Tensor& v,
+                                             const at::Tensor& out, const at::Tensor& lse,
+                                             const at::Tensor& anchors, const at::Tensor& keep,
+                                             int64_t seq_len, int64_t block_size, int64_t tile,
+                                             Kernels kernels);
+
 }  // namespace dflash::optimized
