@@ -11,9 +11,15 @@ cd "$(dirname "$0")/.."
 read -r lo hi < cmake/TORCH_RANGE
 version=${DFLASH_NEWEST_TORCH:-}
 if [ -z "$version" ]; then
-  version=$(python3 -m pip index versions torch 2>/dev/null | sed -n 's/^Available versions: //p' \
-    | tr ',' '\n' | tr -d ' ' | grep -E "^[0-9]+\.[0-9]+\.[0-9]+$" \
-    | awk -F. -v lo="$lo" -v hi="$hi" '{ m = $1 "." $2; if (m + 0 >= lo + 0 && m + 0 <= hi + 0) print }' \
+  # Releases on PyPI (the default environment's pip), kept when major.minor
+  # lies in the range (compared as major * 1000 + minor).
+  pip_python="${DFLASH_TORCH_ENV:-${XDG_CACHE_HOME:-$HOME/.cache}/dflash/torch-$(head -n1 cmake/TORCH_VERSION)}/bin/python"
+  [ -x "$pip_python" ] || pip_python=python3
+  version=$("$pip_python" -m pip index versions torch 2>/dev/null \
+    | sed -n 's/^Available versions: //p' | tr ',' '\n' | tr -d ' ' \
+    | grep -E "^[0-9]+\.[0-9]+\.[0-9]+$" \
+    | awk -F. -v lo="$lo" -v hi="$hi" 'BEGIN { split(lo, a, "."); split(hi, b, ".") }
+        { m = $1 * 1000 + $2; if (m >= a[1] * 1000 + a[2] && m <= b[1] * 1000 + b[2]) print }' \
     | sort -V | tail -n1)
 fi
 [ -n "$version" ] || { echo "torch-newest: no torch release in $lo to $hi found on PyPI" >&2; exit 1; }

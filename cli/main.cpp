@@ -171,17 +171,26 @@ void add_harness(CLI::App& app, Subcommands& subs) {
   });
 
   struct AuditArgs {
-    std::string config, build = "optimized";
+    std::string config, from, build = "optimized";
     std::vector<std::string> set;
   };
   auto au = std::make_shared<AuditArgs>();
   auto* as = app.add_subcommand("audit", "The requires_grad / frozen-weight audit of one step");
-  as->add_option("--config", au->config, "Config TOML")->required()->check(CLI::ExistingFile);
-  add_set(as, au->set);
+  auto* acfg = as->add_option("--config", au->config, "Config TOML")->check(CLI::ExistingFile);
+  auto* afrom = as->add_option("--from", au->from,
+                               "Audit the gradients recorded in a step dump (another trainer's, "
+                               "written by dflash.dump_step: docs/PYTORCH.md)")
+                    ->check(CLI::ExistingFile);
+  acfg->excludes(afrom);
+  add_set(as, au->set)->excludes(afrom);
   as->add_option("--build", au->build, "reference or optimized")
       ->check(CLI::IsMember({"reference", "optimized"}));
+  as->callback([au] {
+    if (au->config.empty() && au->from.empty()) throw CLI::RequiredError("--config or --from");
+  });
   subs.add(as, [au] {
     configure_threads(0);
+    if (!au->from.empty()) return harness::run_audit_dump(au->from);
     return harness::run_audit(load_config(au->config, au->set), au->build);
   });
 }

@@ -64,6 +64,19 @@ include(${CMAKE_CURRENT_LIST_DIR}/TorchRange.cmake)
 dflash_check_torch_version("${Torch_VERSION}" " at ${Torch_DIR}")
 # From here on, the version found (the default or another in the range).
 set(DFLASH_TORCH_VERSION "${Torch_VERSION}")
+# dflash is C++17; a libtorch whose headers require C++20 (ATen.h says so:
+# torch 2.15 does, 2.11 does not) makes the whole tree C++20 (docs/BUILDING.md).
+get_target_property(dflash_torch_inc torch INTERFACE_INCLUDE_DIRECTORIES)
+foreach(dir ${dflash_torch_inc})
+  if(EXISTS "${dir}/ATen/ATen.h")
+    file(READ "${dir}/ATen/ATen.h" dflash_aten_h)
+    if(dflash_aten_h MATCHES "C\\+\\+20 or later")
+      set(CMAKE_CXX_STANDARD 20)  # the .cu units include no torch header: CUDA stays 17
+      message(STATUS "dflash: libtorch ${Torch_VERSION} requires C++20: building as C++20")
+    endif()
+    break()
+  endif()
+endforeach()
 get_filename_component(DFLASH_TORCH_ROOT "${Torch_DIR}/../../.." ABSOLUTE)
 message(STATUS "dflash: libtorch ${Torch_VERSION} from ${DFLASH_TORCH_ROOT}")
 

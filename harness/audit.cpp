@@ -7,7 +7,9 @@
 
 #include <unordered_set>
 
+#include "core/batch.h"
 #include "core/optim.h"
+#include "harness/step_dump.h"
 
 namespace dflash::harness {
 namespace {
@@ -54,30 +56,34 @@ bool AuditReport::has(char cls) const {
 
 namespace {
 
+// The verdict of a trainable row from its gradient facts (empty: ok).
+std::string trainable_verdict(const AuditRow& r, double wsum, bool blind) {
+  const bool may_be_zero =
+      wsum == 0 || (blind && (r.name == "fc.weight" || r.name == "hidden_norm.weight"));
+  if (!r.reachable) return "(a) not reachable from the loss";
+  if (!r.grad_defined) return "(c) gradient undefined";
+  if (!r.finite) return "(c) gradient not finite";
+  if (r.grad_norm == 0 && !may_be_zero) return "(c) gradient exactly zero";
+  if (r.grad_norm != 0 && wsum == 0) return "(c) gradient nonzero with no weighted position";
+  return "";
+}
+
+void grad_facts(AuditRow& r, const at::Tensor& gr) {
+  r.grad_defined = gr.defined();
+  if (r.grad_defined) {
+    r.finite = at::isfinite(gr).all().item<bool>();
+    r.grad_norm = gr.to(at::kDouble).norm().item<double>();
+  }
+}
+
 void check_trainable(AuditReport& rep, const DrafterWeights& w, const GraphFacts& g, double wsum,
                      bool blind) {
   for (auto& [name, p] : named(w)) {
     AuditRow r;
     r.name = name, r.trainable = true, r.shape = p.sizes().vec();
     r.reachable = g.leaves.count(p.unsafeGetTensorImpl()) > 0;
-    const at::Tensor gr = p.grad();
-    r.grad_defined = gr.defined();
-    if (r.grad_defined) {
-      r.finite = at::isfinite(gr).all().item<bool>();
-      r.grad_norm = gr.to(at::kDouble).norm().item<double>();
-    }
-    const bool may_be_zero =
-        wsum == 0 || (blind && (name == "fc.weight" || name == "hidden_norm.weight"));
-    if (!r.reachable)
-      r.verdict = "(a) not reachable from the loss";
-    else if (!r.grad_defined)
-      r.verdict = "(c) gradient undefined";
-    else if (!r.finite)
-      r.verdict = "(c) gradient not finite";
-    else if (r.grad_norm == 0 && !may_be_zero)
-      r.verdict = "(c) gradient exactly zero";
-    else if (r.grad_norm != 0 && wsum == 0)
-      r.verdict = "(c) gradient nonzero with no weighted position";
+    grad_facts(r, p.grad());
+    r.verdict = trainable_verdict(r, wsum, blind);
     rep.rows.push_back(r);
   }
 }
@@ -98,6 +104,16 @@ void check_frozen(AuditReport& rep, const NamedTensors& frozen,
     if (r.moved) why.push_back("changed in the optimizer step");
     if (!why.empty()) r.verdict = fmt::format("(b) frozen tensor {}", fmt::join(why, ", "));
     rep.rows.push_back(r);
+  }
+}
+
+void collect_findings(AuditReport& rep) {
+  for (auto& r : rep.rows) {
+    if (r.verdict.empty())
+      r.verdict = "ok";
+    else
+      rep.findings.push_back(
+          fmt::format("{} {}: {}", r.verdict.substr(0, 3), r.name, r.verdict.substr(4)));
   }
 }
 
@@ -133,13 +149,41 @@ AuditReport audit_step(const StepFn& fn, const Config& c, const DrafterWeights& 
   }
   rep.checkpoint_regions = g.checkpoint_regions;
   check_frozen(rep, frozen, before, g);
-  for (auto& r : rep.rows) {
-    if (r.verdict.empty())
-      r.verdict = "ok";
-    else
-      rep.findings.push_back(
-          fmt::format("{} {}: {}", r.verdict.substr(0, 3), r.name, r.verdict.substr(4)));
+  collect_findings(rep);
+  return rep;
+}
+
+AuditReport audit_recorded(const StepDump& d) {
+  AuditReport rep;
+  rep.recorded_from = d.path;
+  const Config& c = d.config;
+  const DraftLayout lay =
+      make_draft_layout(d.inputs.input_ids, d.inputs.loss_mask, d.inputs.anchors, c.data.block_size,
+                        c.data.mask_token_id, c.loss.gamma);
+  const double wsum = lay.weights.sum().item<double>();
+  const bool blind = context_blind(d.inputs);
+  auto recorded = [&](const std::string& name) {
+    const auto it = d.recorded.find("grad." + name);
+    return it == d.recorded.end() ? at::Tensor() : it->second;
+  };
+  for (const auto& [name, p] : named(d.drafter)) {
+    AuditRow r;
+    r.name = name, r.trainable = true, r.shape = p.sizes().vec();
+    grad_facts(r, recorded(name));
+    r.reachable = r.grad_defined;
+    r.verdict = r.reachable ? trainable_verdict(r, wsum, blind)
+                            : "(a) no gradient recorded (not reachable from the trainer's loss)";
+    rep.rows.push_back(r);
   }
+  for (const auto& [name, t] : named(d.frozen)) {
+    AuditRow r;
+    r.name = name, r.trainable = false, r.shape = t.sizes().vec();
+    grad_facts(r, recorded(name));
+    r.reachable = r.grad_defined;
+    if (r.grad_defined) r.verdict = "(b) frozen tensor has a recorded gradient (it required grad)";
+    rep.rows.push_back(r);
+  }
+  collect_findings(rep);
   return rep;
 }
 
@@ -151,7 +195,11 @@ std::string AuditReport::format() const {
                      r.trainable ? "trainable" : "frozen", r.reachable ? "yes" : "NO",
                      r.grad_defined ? "yes" : "-", r.finite ? "yes" : "NO", r.grad_norm,
                      r.moved ? "YES" : "no", r.verdict);
-  s += fmt::format("checkpointed regions in the graph: {}\n", checkpoint_regions);
+  if (recorded_from.empty())
+    s += fmt::format("checkpointed regions in the graph: {}\n", checkpoint_regions);
+  else
+    s += "(a dump: reachable = a gradient was recorded; movement in an optimizer step and "
+         "checkpoint boundaries are not recorded, so not audited)\n";
   if (findings.empty()) s += "audit: ok\n";
   for (const auto& f : findings) s += "finding " + f + "\n";
   return s;

@@ -41,6 +41,7 @@ struct AuditReport {
   std::vector<AuditRow> rows;
   std::vector<std::string> findings;  // "(a) ...", "(b) ...", ...
   int checkpoint_regions = 0;         // CheckpointBackward nodes in the graph
+  std::string recorded_from;          // audit_recorded: the dump's path (empty: a live step)
   bool ok() const { return findings.empty(); }
   bool has(char cls) const;    // a finding of class 'a'..'d'
   std::string format() const;  // the per-parameter table and findings
@@ -51,5 +52,16 @@ struct AuditReport {
 // is being audited), so a step that moves them moves the caller's.
 AuditReport audit_step(const StepFn& fn, const Config& c, const DrafterWeights& w,
                        const TargetWeights& target, const StepInputs& in);
+
+struct StepDump;
+
+// The same rules (a)-(c) on the gradients another trainer recorded in a step
+// dump (`dflash audit --from FILE`, docs/PYTORCH.md): a trainable parameter
+// without a recorded gradient is (a), a recorded gradient of a frozen tensor
+// (b), an undefined / non-finite / wrongly zero one (c), the zero rule taken
+// from the dump's own inputs. A dump records neither the graph nor the
+// optimizer step: reachability means "a gradient was recorded", movement and
+// checkpoint boundaries (d) are not audited (the table says so).
+AuditReport audit_recorded(const StepDump& d);
 
 }  // namespace dflash::harness

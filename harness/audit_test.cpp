@@ -4,7 +4,12 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
+
+#include "core/safetensors.h"
 #include "fixtures/fixtures.h"
+#include "fixtures/test_support.h"
+#include "harness/step_dump.h"
 #include "optimized/step.h"
 #include "reference/step.h"
 
@@ -63,6 +68,65 @@ TEST(Audit, ZeroedGradientIsAFinding) {
   };
   const AuditReport rep = audit_step(scaled, k.c, w, k.target, k.in);
   EXPECT_TRUE(rep.has('c')) << rep.format();
+}
+
+// `dflash audit --from FILE`: the rules on the gradients recorded in a dump
+// (another trainer's), each tampering a trainer could produce.
+AuditReport audit_tampered(const std::function<void(NamedTensors&)>& tamper) {
+  testing_support::TmpDir tmp;
+  Case k;
+  const StepResult r = run_step(reference::drafter_step, k.c, k.w, k.target.frozen(), k.in);
+  const std::string path = tmp / "dump.safetensors";
+  write_step_dump(path, k.c, k.w, k.target.frozen(), k.in, r);
+  safetensors::File f = safetensors::read(path);
+  tamper(f.tensors);
+  safetensors::write(path, f.tensors, f.metadata);
+  return audit_recorded(read_step_dump(path));
+}
+
+at::Tensor& named_tensor(NamedTensors& t, const std::string& name) {
+  for (auto& [n, v] : t)
+    if (n == name) return v;
+  throw std::runtime_error("no tensor " + name);
+}
+
+TEST(AuditRecorded, ACleanDumpPasses) {
+  const AuditReport rep = audit_tampered([](NamedTensors&) {});
+  EXPECT_TRUE(rep.ok()) << rep.format();
+  EXPECT_NE(rep.format().find("not recorded, so not audited"), std::string::npos);
+}
+
+TEST(AuditRecorded, AFrozenGradientIsB) {
+  const AuditReport rep = audit_tampered([](NamedTensors& t) {
+    t.emplace_back("grad.lm_head.weight", at::ones_like(named_tensor(t, "lm_head.weight")));
+  });
+  EXPECT_TRUE(rep.has('b')) << rep.format();
+  EXPECT_NE(rep.format().find("finding (b) lm_head.weight: frozen tensor has a recorded gradient"),
+            std::string::npos)
+      << rep.format();
+}
+
+TEST(AuditRecorded, AMissingGradientIsA) {
+  const AuditReport rep = audit_tampered([](NamedTensors& t) {
+    NamedTensors kept;
+    for (auto& p : t)
+      if (p.first != "grad.layers.0.mlp.up_proj.weight") kept.push_back(p);
+    t = kept;
+  });
+  EXPECT_NE(rep.format().find("finding (a) layers.0.mlp.up_proj.weight: no gradient recorded"),
+            std::string::npos)
+      << rep.format();
+}
+
+TEST(AuditRecorded, AZeroOrNonFiniteGradientIsC) {
+  const AuditReport zero =
+      audit_tampered([](NamedTensors& t) { named_tensor(t, "grad.norm.weight").zero_(); });
+  EXPECT_NE(zero.format().find("finding (c) norm.weight: gradient exactly zero"), std::string::npos)
+      << zero.format();
+  const AuditReport nan = audit_tampered(
+      [](NamedTensors& t) { named_tensor(t, "grad.fc.weight").view(-1)[0] = std::nan(""); });
+  EXPECT_NE(nan.format().find("finding (c) fc.weight: gradient not finite"), std::string::npos)
+      << nan.format();
 }
 
 }  // namespace

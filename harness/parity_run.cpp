@@ -20,6 +20,7 @@
 #include "harness/oracle_property.h"
 #include "harness/parity.h"
 #include "harness/properties.h"
+#include "harness/step_dump.h"
 #include "harness/zoo.h"
 #include "optimized/checkpoint.h"
 #include "optimized/chunked_loss.h"
@@ -293,6 +294,12 @@ int run_audit(const Config& c, const std::string& build) {
       build == "optimized" ? StepFn(optimized::drafter_step) : StepFn(reference::drafter_step);
   const AuditReport rep = audit_step(fn, c, w, target, in);
   fmt::print("audit of one {} step of {}\n{}", build, path, rep.format());
+  return rep.ok() ? 0 : 1;
+}
+
+int run_audit_dump(const std::string& path) {
+  const AuditReport rep = audit_recorded(read_step_dump(path));
+  fmt::print("audit of the gradients recorded in {}\n{}", path, rep.format());
   return rep.ok() ? 0 : 1;
 }
 

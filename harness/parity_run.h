@@ -37,5 +37,7 @@ int run_parity(const ParityOptions& o);
 
 // `dflash audit --config C --build B`: the per-parameter table of one step.
 int run_audit(const Config& c, const std::string& build);
+// `dflash audit --from FILE`: rules (a)-(c) on a dump's recorded gradients.
+int run_audit_dump(const std::string& path);
 
 }  // namespace dflash::harness

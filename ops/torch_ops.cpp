@@ -35,10 +35,10 @@ void check_float(const at::Tensor& t, const char* op, const char* name) {
 
 void check_same(const at::Tensor& a, const at::Tensor& b, const char* op, const char* an,
                 const char* bn) {
-  TORCH_CHECK(a.device() == b.device(), "dflash.", op, ": ", an, " is on ", a.device(), " but ",
-              bn, " is on ", b.device());
-  TORCH_CHECK(a.scalar_type() == b.scalar_type(), "dflash.", op, ": ", an, " is ",
-              a.scalar_type(), " but ", bn, " is ", b.scalar_type());
+  TORCH_CHECK(a.device() == b.device(), "dflash.", op, ": ", an, " is on ", a.device(), " but ", bn,
+              " is on ", b.device());
+  TORCH_CHECK(a.scalar_type() == b.scalar_type(), "dflash.", op, ": ", an, " is ", a.scalar_type(),
+              " but ", bn, " is ", b.scalar_type());
 }
 
 // ---- fused loss -----------------------------------------------------------
@@ -60,10 +60,10 @@ void check_loss_inputs(const at::Tensor& input, const at::Tensor& weight, const 
               weight.sizes());
   check_float(input, "fused_loss", "input");
   check_same(input, weight, "fused_loss", "input", "weight");
-  TORCH_CHECK(target.dim() == 1 && target.size(0) == input.size(0) &&
-                  target.scalar_type() == at::kLong,
-              "dflash.fused_loss: target must be (N) int64 with N = ", input.size(0), ", found ",
-              target.sizes(), " ", target.scalar_type());
+  TORCH_CHECK(
+      target.dim() == 1 && target.size(0) == input.size(0) && target.scalar_type() == at::kLong,
+      "dflash.fused_loss: target must be (N) int64 with N = ", input.size(0), ", found ",
+      target.sizes(), " ", target.scalar_type());
   TORCH_CHECK(target.device() == input.device(), "dflash.fused_loss: target is on ",
               target.device(), " but input is on ", input.device());
   // A teacher without a distillation weight is allowed (and unused): a
@@ -85,7 +85,8 @@ void check_loss_inputs(const at::Tensor& input, const at::Tensor& weight, const 
                 row_weight->sizes(), " ", row_weight->scalar_type(), " on ", row_weight->device());
   TORCH_CHECK(a.reduction == "mean" || a.reduction == "sum",
               "dflash.fused_loss: reduction must be 'mean' or 'sum' (the fused backward needs a "
-              "scalar loss), found '", a.reduction, "'");
+              "scalar loss), found '",
+              a.reduction, "'");
   TORCH_CHECK(a.cfg.temperature > 0, "dflash.fused_loss: temperature must be > 0, found ",
               a.cfg.temperature);
   TORCH_CHECK(a.cfg.jsd_beta >= 0 && a.cfg.jsd_beta <= 1,
@@ -107,15 +108,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_loss_impl(
   a.cfg.jsd_beta = jsd_beta, a.cfg.tv_weight = tv_weight, a.cfg.temperature = temperature;
   check_loss_inputs(input, weight, target, teacher_input, row_weight, a);
   const int64_t N = input.size(0), H = input.size(1);
-  const at::Tensor x = input.contiguous(), W = weight.contiguous();  // (N, H), (V, H)
+  const at::Tensor x = input.contiguous(), W = weight.contiguous();        // (N, H), (V, H)
   const at::Tensor rows = (target != ignore_index).nonzero().reshape(-1);  // (M) counted rows
-  const at::Tensor labels = target.index_select(0, rows);                 // (M)
+  const at::Tensor labels = target.index_select(0, rows);                  // (M)
   const auto f64 = input.options().dtype(at::kDouble);
   const at::Tensor w = row_weight.has_value() && row_weight->defined()
                            ? row_weight->to(at::kDouble).index_select(0, rows)
                            : at::ones({rows.numel()}, f64);  // (M)
-  const at::Tensor teacher = a.cfg.uses_teacher() ? teacher_input->contiguous()
-                                                  : x.new_empty({0, H});  // (N, H) or (0, H)
+  const at::Tensor teacher =
+      a.cfg.uses_teacher() ? teacher_input->contiguous() : x.new_empty({0, H});  // (N, H) or (0, H)
   const optimized::FusedLossForward f = optimized::chunked_lm_loss_forward(
       x, teacher, W, rows, rows, labels, w, a.cfg, chunk_size, kernels_for(x), compute_grad);
   const optimized::ChunkedLossOut& r = f.out;
@@ -127,8 +128,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_loss_impl(
   auto ratio = [&](const at::Tensor& t) { return (r.weights * t).sum() / den; };
   const at::Tensor hits = (r.argmax == labels).to(at::kDouble).sum();
   const at::Tensor accuracy = hits / std::max<int64_t>(rows.numel(), 1);
-  const at::Tensor metrics = at::stack({ratio(r.ce), ratio(r.kl), ratio(r.reverse_kl),
-                                        ratio(r.jsd), ratio(r.tv), wsum, accuracy});  // (7)
+  const at::Tensor metrics = at::stack({ratio(r.ce), ratio(r.kl), ratio(r.reverse_kl), ratio(r.jsd),
+                                        ratio(r.tv), wsum, accuracy});  // (7)
   at::Tensor grad = x.new_empty({0});
   if (compute_grad) {
     TORCH_CHECK(f.grad.defined() && f.grad.size(0) == N, "dflash.fused_loss: no input gradient");
@@ -141,8 +142,10 @@ at::Tensor fused_loss_backward_impl(const at::Tensor& grad_input, const at::Tens
   TORCH_CHECK(grad_input.dim() == 2,
               "dflash.fused_loss_backward: the forward ran with compute_grad=False (no saved "
               "input gradient); call dflash.fused_loss with an input that requires grad");
-  TORCH_CHECK(grad_loss.numel() == 1, "dflash.fused_loss_backward: the loss gradient must be a "
-              "scalar, found ", grad_loss.sizes());
+  TORCH_CHECK(grad_loss.numel() == 1,
+              "dflash.fused_loss_backward: the loss gradient must be a "
+              "scalar, found ",
+              grad_loss.sizes());
   return optimized::chunked_lm_loss_backward(grad_input, {}, grad_loss.reshape({}));
 }
 
@@ -153,12 +156,15 @@ void check_attention_inputs(const at::Tensor& q, const at::Tensor& k, const at::
                             int64_t bs) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
               "dflash.sparse_attention: q (B, nh, Q, hd), k and v (B, nkv, S+Q, hd) expected, "
-              "found q ", q.sizes(), ", k ", k.sizes(), ", v ", v.sizes());
+              "found q ",
+              q.sizes(), ", k ", k.sizes(), ", v ", v.sizes());
   check_float(q, "sparse_attention", "q");
   check_same(q, k, "sparse_attention", "q", "k");
   check_same(q, v, "sparse_attention", "q", "v");
-  TORCH_CHECK(bs >= 1 && S >= 0, "dflash.sparse_attention: block_size must be >= 1 and seq_len "
-              ">= 0, found ", bs, " and ", S);
+  TORCH_CHECK(bs >= 1 && S >= 0,
+              "dflash.sparse_attention: block_size must be >= 1 and seq_len "
+              ">= 0, found ",
+              bs, " and ", S);
   TORCH_CHECK(q.size(2) % bs == 0, "dflash.sparse_attention: Q = ", q.size(2),
               " is not a multiple of block_size = ", bs);
   TORCH_CHECK(anchors.dim() == 2 && anchors.scalar_type() == at::kLong &&
@@ -170,8 +176,9 @@ void check_attention_inputs(const at::Tensor& q, const at::Tensor& k, const at::
               keep.sizes(), " ", keep.scalar_type());
   TORCH_CHECK(anchors.device() == q.device() && keep.device() == q.device(),
               "dflash.sparse_attention: anchors and keep must be on q's device ", q.device());
-  TORCH_CHECK(k.size(2) == S + q.size(2), "dflash.sparse_attention: k must have S + Q = ",
-              S + q.size(2), " positions, found ", k.size(2));
+  TORCH_CHECK(k.size(2) == S + q.size(2),
+              "dflash.sparse_attention: k must have S + Q = ", S + q.size(2), " positions, found ",
+              k.size(2));
 }
 
 // Returns (out (B, nh, Q, hd), lse (B, nh, Q), out_acc (B, nh, Q, hd) for
@@ -192,8 +199,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_attention_backward_impl(
     const at::Tensor& anchors, const at::Tensor& keep, int64_t seq_len, int64_t block_size,
     int64_t tile) {
   check_attention_inputs(q, k, v, anchors, keep, seq_len, block_size);
-  TORCH_CHECK(grad_out.sizes() == q.sizes(), "dflash.sparse_attention_backward: grad_out must "
-              "have q's shape ", q.sizes(), ", found ", grad_out.sizes());
+  TORCH_CHECK(grad_out.sizes() == q.sizes(),
+              "dflash.sparse_attention_backward: grad_out must "
+              "have q's shape ",
+              q.sizes(), ", found ", grad_out.sizes());
   const at::Tensor saved = out_acc.numel() > 0 ? out_acc : out;
   optimized::DraftAttentionGrads g =
       optimized::draft_attention_backward(grad_out.to(q.scalar_type()), q, k, v, saved, lse,

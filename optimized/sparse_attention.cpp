@@ -280,11 +280,10 @@ void backward_head(const HeadInputs& in, const BackwardTensors& bw, const Geomet
 
 struct SparseAttention : public torch::autograd::Function<SparseAttention> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
-                            const at::Tensor& v, const at::Tensor& anchors,
-                            const at::Tensor& keep, int64_t S, int64_t bs, int64_t tile,
-                            Kernels kernels) {
-    const DraftAttentionForward f = draft_attention_forward(q, k, v, anchors, keep, S, bs, tile,
-                                                            kernels);
+                            const at::Tensor& v, const at::Tensor& anchors, const at::Tensor& keep,
+                            int64_t S, int64_t bs, int64_t tile, Kernels kernels) {
+    const DraftAttentionForward f =
+        draft_attention_forward(q, k, v, anchors, keep, S, bs, tile, kernels);
     ctx->save_for_backward({q.contiguous(), k.contiguous(), v.contiguous(),
                             f.out_acc.defined() ? f.out_acc : f.out, f.lse, anchors, keep});
     ctx->saved_data["S"] = S;
@@ -331,8 +330,7 @@ DraftAttentionGrads draft_attention_backward(const at::Tensor& dout_in, const at
                                              const at::Tensor& k_in, const at::Tensor& v_in,
                                              const at::Tensor& out, const at::Tensor& lse,
                                              const at::Tensor& anchors, const at::Tensor& keep,
-                                             int64_t S, int64_t bs, int64_t tile,
-                                             Kernels kernels) {
+                                             int64_t S, int64_t bs, int64_t tile, Kernels kernels) {
   const at::Tensor q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous();
   const Geometry g = geometry(q, k, anchors, S, bs, tile, kernels);
   const at::Tensor dout = dout_in.contiguous();  // the real, per-element upstream gradient

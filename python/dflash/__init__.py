@@ -20,7 +20,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "fused_loss": "ops", "sparse_attention": "ops", "FusedLossOutput": "ops",
     "library_path": "ops", "BUILD_INFO": "ops",
-    "dump_step": "dump", "check_step": "dump",
+    "dump_step": "dump", "check_step": "dump", "audit_dump": "dump",
     "audit_leakage": "leakage", "LeakageReport": "leakage",
 }
 

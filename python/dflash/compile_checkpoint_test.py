@@ -10,10 +10,13 @@ error ratio, docs/HARNESS.md: err(candidate) <= 4 err(eager float32) +
 5e-5 max|reference|, both against the float64 eager run), and the frozen
 embedding and LM head must receive no gradient and not move.
 
-The contrast (docs/PYTORCH.md, "flex_attention in the same set-up"): with
-torch 2.11 on this CPU, flex_attention with the same DFlash block mask under
-the same compile + checkpoint set-up is what dflash/flex_contrast.py runs
-and the doc records.
+The contrast (docs/PYTORCH.md, "flex_attention in the same set-up";
+ci/flex_contrast.py reproduces it): flex_attention with the same DFlash
+block mask, in the same compile + checkpoint set-up, on this torch (2.11.0)
+and CPU, does not train at all: eager it raises "FlexAttention does not
+support backward on CPU", and under torch.compile(fullgraph=True) with
+either kind of checkpoint Dynamo stops on that exception ("Unsupported:
+Observed exception"). ci/gpu-check.sh runs the script on CUDA.
 """
 from __future__ import annotations
 

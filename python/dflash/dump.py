@@ -2,7 +2,8 @@
 
 `dump_step` writes the safetensors file that `dflash step --from FILE
 --check` recomputes with dflash's float64 reference and compares tensor by
-tensor; `check_step` runs that command. Names (SPEC.md):
+tensor (`check_step` runs it), and whose recorded gradients `dflash audit
+--from FILE` audits (`audit_dump`). Names (SPEC.md):
 
   input.{input_ids, loss_mask, features, target_hidden, anchors, keep}
   every drafter parameter by its Hugging Face DFlash name, plus the frozen
@@ -100,12 +101,25 @@ def _write_atomic(path: Path, tensors: dict, meta: dict) -> Path:
     return path
 
 
+def _binary(binary: Optional[str]) -> str:
+    return binary or os.environ.get("DFLASH_BINARY") or "dflash"
+
+
+def audit_dump(path: Union[str, os.PathLike], *,
+               binary: Optional[str] = None) -> subprocess.CompletedProcess:
+    """Runs `dflash audit --from PATH`: the requires_grad audit's rules on
+    the recorded gradients (every trainable parameter has a finite gradient,
+    nonzero where it must be; no frozen tensor has one). Returns the
+    finished process (returncode 0: no finding; stdout: the table)."""
+    return subprocess.run([_binary(binary), "audit", "--from", str(path)], capture_output=True,
+                          text=True)
+
+
 def check_step(path: Union[str, os.PathLike], *, binary: Optional[str] = None,
                compare: str = "tolerance") -> subprocess.CompletedProcess:
     """Runs `dflash step --from PATH --check --compare COMPARE` and returns
     the finished process (returncode 0: every recorded tensor agrees; its
     stdout holds the table, one line per failing tensor). The binary is
     `binary`, else $DFLASH_BINARY, else `dflash` on PATH."""
-    exe = binary or os.environ.get("DFLASH_BINARY") or "dflash"
-    return subprocess.run([exe, "step", "--from", str(path), "--check", "--compare", compare],
+    return subprocess.run([_binary(binary), "step", "--from", str(path), "--check", "--compare", compare],
                           capture_output=True, text=True)

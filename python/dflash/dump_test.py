@@ -70,6 +70,8 @@ def test_module_agrees_with_the_reference_float64(tmp_path, reference):
     path = dump(tmp_path, reference, model, batch, embed, lm_head, out)
     check = dflash.check_step(path, binary=BINARY)
     assert check.returncode == 0, check.stdout + check.stderr
+    audit = dflash.audit_dump(path, binary=BINARY)
+    assert audit.returncode == 0 and "audit: ok" in audit.stdout, audit.stdout + audit.stderr
 
 
 class SeesLaterPositions(Drafter):
@@ -102,6 +104,14 @@ def test_seeded_bug_is_reported_by_name(tmp_path, reference, bug, kw, named):
     check = dflash.check_step(path, binary=BINARY)
     assert check.returncode == 1, f"{bug}: not reported\n{check.stdout}"
     assert f"tensor '{named}'" in check.stdout + check.stderr, check.stdout + check.stderr
+
+
+def test_audit_names_a_trainable_lm_head(tmp_path, reference):
+    path = dump(tmp_path, reference, *run_step(reference, loss="torch", trainable_lm_head=True))
+    audit = dflash.audit_dump(path, binary=BINARY)
+    assert audit.returncode == 1
+    assert "finding (b) lm_head.weight: frozen tensor has a recorded gradient" in audit.stdout, \
+        audit.stdout + audit.stderr
 
 
 @pytest.mark.parametrize("kw", [dict(attention="dense"), dict(loss="torch")])
