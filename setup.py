@@ -5,7 +5,8 @@ the torch of the python that installs the package. Where it comes from:
 $DFLASH_OPS_LIBRARY (a library built elsewhere), else the CMake build
 directory $DFLASH_BUILD_DIR or `build/` when it is configured for this
 python's torch (what ci/bootstrap.sh made: nothing is rebuilt), else
-`build-py-<torch version>/`,
+`build-py-<torch version>/` (a build directory counts when it is a Release
+build for this torch without sanitizers),
 configured and built here for this torch (tests and benches off).
 """
 from __future__ import annotations
@@ -33,8 +34,11 @@ def configured_for(build: Path, torch_dir: Path) -> bool:
     cache = build / "CMakeCache.txt"
     if not cache.is_file() or not (build / "build.ninja").is_file():
         return False
-    m = re.search(r"^Torch_DIR:PATH=(.*)$", cache.read_text(errors="replace"), re.M)
-    return bool(m) and Path(m.group(1)).resolve() == torch_dir
+    text = cache.read_text(errors="replace")
+    m = re.search(r"^Torch_DIR:PATH=(.*)$", text, re.M)
+    release = re.search(r"^CMAKE_BUILD_TYPE:STRING=Release$", text, re.M)
+    sanitized = re.search(r"^DFLASH_SANITIZE:STRING=.+$", text, re.M)  # its .so cannot load
+    return bool(m) and Path(m.group(1)).resolve() == torch_dir and bool(release) and not sanitized
 
 
 def build_library() -> Path:
@@ -78,7 +82,8 @@ class BinaryDistribution(Distribution):
         return True
 
 
-(ROOT / "build" / "python-package").mkdir(parents=True, exist_ok=True)
+# setuptools' own files go under the CMake build directory (one per torch).
+PACKAGE_BUILD = f"{os.environ.get('DFLASH_BUILD_DIR', 'build')}/python-package"
+(ROOT / PACKAGE_BUILD).mkdir(parents=True, exist_ok=True)
 setup(cmdclass={"build_py": BuildPyWithOps}, distclass=BinaryDistribution,
-      options={"build": {"build_base": "build/python-package"},
-               "egg_info": {"egg_base": "build/python-package"}})
+      options={"build": {"build_base": PACKAGE_BUILD}, "egg_info": {"egg_base": PACKAGE_BUILD}})

@@ -186,10 +186,10 @@ cmake --build "$build_dir"
 # The Python package `dflash` (pyproject.toml: the ops, the step dump, the
 # leakage audit) into the torch environment, built against its torch
 # (setup.py reuses the build directory: nothing is compiled again). Without build
-# isolation, so it needs setuptools >= 70.1 (its own bdist_wheel) there.
+# isolation, so it needs setuptools >= 77 (pyproject.toml) there.
 install_python_package() {
   "$torch_env/bin/python" -c "import setuptools, sys
-sys.exit(tuple(map(int, setuptools.__version__.split('.')[:2])) < (70, 1))" 2>/dev/null \
+sys.exit(tuple(map(int, setuptools.__version__.split('.')[:2])) < (77, 0))" 2>/dev/null \
     || "$torch_env/bin/pip" install --disable-pip-version-check -q setuptools==80.9.0 \
          > /tmp/dflash-pip.log 2>&1 || { tail -20 /tmp/dflash-pip.log; exit 1; }
   DFLASH_BUILD_DIR="$build_dir" "$torch_env/bin/pip" install --disable-pip-version-check -q \

@@ -50,7 +50,7 @@ at::Tensor& find(NamedTensors& t, const std::string& name) {
   throw std::runtime_error("no tensor " + name);
 }
 
-void erase_if(NamedTensors& t, const std::function<bool(const std::string&)>& pred) {
+void erase_names_if(NamedTensors& t, const std::function<bool(const std::string&)>& pred) {
   NamedTensors kept;
   for (auto& p : t)
     if (!pred(p.first)) kept.push_back(p);
@@ -118,13 +118,13 @@ const TamperCase kTamperings[] = {
      "1 NaN"},
     {"MissingGradient",
      [](NamedTensors& t, safetensors::Metadata&) {
-       erase_if(t, [](const std::string& n) { return n == "grad.norm.weight"; });
+       erase_names_if(t, [](const std::string& n) { return n == "grad.norm.weight"; });
      },
      {"grad.norm.weight"},
      "missing"},
     {"EveryGradientMissing",
      [](NamedTensors& t, safetensors::Metadata&) {
-       erase_if(t, [](const std::string& n) { return n.rfind("grad.", 0) == 0; });
+       erase_names_if(t, [](const std::string& n) { return n.rfind("grad.", 0) == 0; });
      },
      {"grad.fc.weight", "grad.layers.1.mlp.down_proj.weight"},
      "missing"},

@@ -111,6 +111,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_loss_impl(
   const at::Tensor x = input.contiguous(), W = weight.contiguous();        // (N, H), (V, H)
   const at::Tensor rows = (target != ignore_index).nonzero().reshape(-1);  // (M) counted rows
   const at::Tensor labels = target.index_select(0, rows);                  // (M)
+  if (labels.numel() > 0) {
+    const int64_t lo = labels.min().item<int64_t>(), hi = labels.max().item<int64_t>();
+    TORCH_CHECK(lo >= 0 && hi < weight.size(0),
+                "dflash.fused_loss: target values must lie in "
+                "[0, V = ",
+                weight.size(0), ") or equal ignore_index = ", ignore_index, "; found [", lo, ", ",
+                hi, "]");
+  }
   const auto f64 = input.options().dtype(at::kDouble);
   const at::Tensor w = row_weight.has_value() && row_weight->defined()
                            ? row_weight->to(at::kDouble).index_select(0, rows)

@@ -44,7 +44,9 @@ def _config_json(config: Union[Mapping, str, os.PathLike]) -> str:
 def _tensor(name: str, t: object) -> Tensor:
     if not isinstance(t, Tensor):
         raise TypeError(f"dflash.dump_step: '{name}' must be a tensor, found {type(t).__name__}")
-    return t.detach().to("cpu").contiguous()
+    # A copy: tied weights (embed_tokens = lm_head) must not share memory in
+    # the file (safetensors refuses that).
+    return t.detach().to("cpu", copy=True).contiguous()
 
 
 def dump_step(path: Union[str, os.PathLike], *, config: Union[Mapping, str, os.PathLike],

@@ -122,6 +122,21 @@ def test_plain_pytorch_paths_pass_unseeded(tmp_path, reference, kw):
     assert check.returncode == 0, check.stdout + check.stderr
 
 
+def test_tied_embedding_and_lm_head_are_written(tmp_path, reference):
+    model, batch, embed, lm_head, out = run_step(reference)
+    path = dflash.dump_step(tmp_path / "tied.safetensors", config=reference[1], inputs=vars(batch),
+                            drafter=model, embed_tokens=embed, lm_head=embed, outputs=out)
+    with safe_open(str(path), "pt") as f:
+        assert torch.equal(f.get_tensor("lm_head.weight"), embed)
+
+
+def test_example_refuses_a_config_it_does_not_implement(reference):
+    config = json.loads(json.dumps(reference[1]))
+    config["loss"]["jsd_weight"] = 0.5
+    with pytest.raises(ValueError, match="also sets loss.jsd_weight = 0.5"):
+        settings_from_config(config)
+
+
 def test_dump_step_refuses_incomplete_inputs(tmp_path, reference):
     model, batch, embed, lm_head, out = run_step(reference)
     inputs = dict(vars(batch))

@@ -54,6 +54,15 @@ def settings_from_config(config: Mapping) -> tuple[DrafterShape, StepSettings]:
     JSON that `dflash validate --print json` prints and dumps carry)."""
     t, d, data, loss = config["target"], config["drafter"], config["data"], config["loss"]
     taps = d.get("target_layer_ids") or []
+    unsupported = [f"loss.{k} = {loss[k]}" for k in ("reverse_kl_weight", "jsd_weight", "tv_weight")
+                   if loss.get(k, 0)]
+    if loss.get("weighting", "decay") != "decay":
+        unsupported.append(f"loss.weighting = {loss['weighting']}")
+    if d.get("rope_type") or t.get("rope_type"):
+        unsupported.append("RoPE scaling")
+    if unsupported:
+        raise ValueError(f"example_drafter implements CE + KL with decay weights and plain RoPE; "
+                         f"this config also sets {', '.join(unsupported)}")
 
     def key(name: str, default=None):  # the drafter's shape, else the target's
         return d.get(name, t.get(name, default))

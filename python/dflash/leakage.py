@@ -92,7 +92,7 @@ def audit_leakage(slot_losses: Callable[[Tensor, Tensor], Tensor], features: Ten
     if out.dtype != torch.float64:
         raise ValueError("dflash.audit_leakage: the losses must be float64 (run the drafter in "
                          f"float64: exact zeros need it), found {out.dtype}")
-    per_block = out.view(B, N, -1).sum(-1)  # (B, N)
+    per_block = out.reshape(B, N, -1).sum(-1)  # (B, N)
     report = LeakageReport()
     for b in range(B):
         for n in range(N):
@@ -106,4 +106,9 @@ def audit_leakage(slot_losses: Callable[[Tensor, Tensor], Tensor], features: Ten
             gn = torch.zeros_like(e) if gn is None else gn
             report.blocks_checked += 1
             _check_block(report, b, n, int(anchors[b, n]), block_size, gf, gn)
+    if report.blocks_checked == 0 and bool(keep.any()):
+        raise ValueError(
+            "dflash.audit_leakage: no kept block's loss depends on the features or noise "
+            "embeddings it was given: slot_losses must run the drafter on those leaves, with "
+            "grad enabled (an audit that checks nothing would pass)")
     return report

@@ -111,6 +111,14 @@ def test_a_block_reading_another_row_is_named():
                             "at position 0"), report.first
 
 
+def test_an_audit_that_checks_nothing_is_refused():
+    model, batch, embed, lm_head = setup()
+    with pytest.raises(ValueError, match="no kept block's loss depends on"):
+        dflash.audit_leakage(lambda f, e: torch.zeros(2, 9, dtype=torch.float64), batch.features,
+                             torch.zeros(2, 9, 16, dtype=torch.float64), batch.anchors,
+                             batch.keep, 3)
+
+
 def test_losses_must_be_float64():
     with pytest.raises(ValueError, match="must be float64"):
         dflash.audit_leakage(lambda f, e: (f.sum(-1)[:, :6] * 1).float(), torch.zeros(1, 8, 2),

@@ -127,16 +127,19 @@ torch.library.register_autograd("dflash::fused_loss", _fused_loss_backward,
 def _sparse_attention_setup(ctx, inputs, output) -> None:
     q, k, v, anchors, keep, seq_len, block_size, tile = inputs
     out, lse, out_acc = output
-    ctx.save_for_backward(q, k, v, out, lse, out_acc, anchors, keep)
+    # Backward reads the output in the accumulation dtype when there is one
+    # (bf16 inputs: out_acc), else out: only that one is kept.
+    saved_out = out_acc if out_acc.numel() > 0 else out
+    ctx.save_for_backward(q, k, v, saved_out, lse, anchors, keep)
     ctx.geometry = (seq_len, block_size, tile)
 
 
 def _sparse_attention_backward(ctx, grad_out, grad_lse, grad_out_acc):
-    q, k, v, out, lse, out_acc, anchors, keep = ctx.saved_tensors
+    q, k, v, saved_out, lse, anchors, keep = ctx.saved_tensors
     if grad_out is None:
         grad_out = torch.zeros_like(q)
-    dq, dk, dv = torch.ops.dflash.sparse_attention_backward(grad_out, q, k, v, out, lse, out_acc,
-                                                            anchors, keep, *ctx.geometry)
+    dq, dk, dv = torch.ops.dflash.sparse_attention_backward(
+        grad_out, q, k, v, saved_out, lse, lse.new_empty((0,)), anchors, keep, *ctx.geometry)
     return dq, dk, dv, None, None, None, None, None
 
 
@@ -179,19 +182,21 @@ def fused_loss(input: Tensor, weight: Tensor, target: Tensor,
 
     loss = sum_r w_r (ce_weight CE_r + kl_weight KL_r + reverse_kl_weight
     RKL_r + jsd_weight JSD_r + tv_weight TV_r) / sum_r w_r  ('mean'; 'sum'
-    drops the division), with temperature T dividing both sides' logits and
-    no T^2 factor (docs/LOSSES.md). Rows are processed chunk_size at a time;
+    drops the division); the temperature T divides the student's and the
+    teacher's logits in the distillation terms (CE is at T = 1), with no T^2
+    factor (docs/LOSSES.md). Rows are processed chunk_size at a time;
     the input gradient is computed in forward (three GEMMs per chunk) and
     backward only scales it. The LM head and the teacher are frozen: they
     must not require grad. Float32, float64 or bfloat16; CPU or CUDA.
     """
     if torch.is_grad_enabled():
-        for name, t in (("weight", weight), ("teacher_input", teacher_input)):
+        for name, t in (("weight", weight), ("teacher_input", teacher_input),
+                        ("row_weight", row_weight)):
             if t is not None and t.requires_grad:
                 raise ValueError(
-                    f"dflash.fused_loss: {name} requires grad, but it is frozen (the target's LM "
-                    f"head / hidden states get no gradient from this op); pass {name}.detach() "
-                    "or set requires_grad_(False)")
+                    f"dflash.fused_loss: {name} requires grad, but this op gives it none (the "
+                    "LM head and the teacher are frozen; row weights are constants); pass "
+                    f"{name}.detach() or set requires_grad_(False)")
     compute_grad = torch.is_grad_enabled() and input.requires_grad
     loss, metrics, _ = torch.ops.dflash.fused_loss(
         input, weight, target, teacher_input, row_weight, ignore_index, reduction,

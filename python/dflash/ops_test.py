@@ -158,6 +158,8 @@ def test_package_metadata():
     (lambda a: a.update(W=a["W"][:, :5]), "weight must be (V, H)"),
     (lambda a: a.update(t=None, kl=0.5), "teacher_input is None"),
     (lambda a: a.update(reduction="none"), "reduction must be 'mean' or 'sum'"),
+    (lambda a: a.update(y=a["y"].clamp(min=-1)), "target values must lie in [0, V = 37) or equal "
+     "ignore_index = -100; found [-1, "),
 ])
 def test_fused_loss_errors(mutate, message):
     x, W, y, t, w = loss_case(torch.float64)
@@ -168,10 +170,12 @@ def test_fused_loss_errors(mutate, message):
                           reduction=a["reduction"])
 
 
-def test_frozen_lm_head_requiring_grad_is_refused():
+def test_inputs_the_op_gives_no_gradient_must_not_require_one():
     x, W, y, t, w = loss_case(torch.float32)
-    with pytest.raises(ValueError, match="weight requires grad, but it is frozen"):
-        dflash.fused_loss(x, W.requires_grad_(True), y)
+    with pytest.raises(ValueError, match="weight requires grad, but this op gives it none"):
+        dflash.fused_loss(x, W.clone().requires_grad_(True), y)
+    with pytest.raises(ValueError, match="row_weight requires grad"):
+        dflash.fused_loss(x, W, y, None, w.clone().requires_grad_(True))
 
 
 @pytest.mark.parametrize("mutate,message", [
