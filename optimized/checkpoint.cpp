@@ -9,6 +9,8 @@
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/saved_variable.h>
 
+#include <dflash_torch_features.h>  // generated: cmake/Torch.cmake
+
 #include <algorithm>
 #include <mutex>
 #include <unordered_set>
@@ -189,7 +191,11 @@ at::Tensor checkpoint(const CheckpointContract& c, const CheckpointFn& fn) {
   if (!at::GradMode::is_enabled()) return fn(gi, in);  // evaluation: nothing to save
   check_contract(c);
 
+#if DFLASH_TORCH_SHARED_NODES  // how this libtorch holds autograd nodes (cmake/Torch.cmake)
   auto node = std::shared_ptr<CheckpointNode>(new CheckpointNode(), torch::autograd::deleteNode);
+#else
+  auto node = c10::make_intrusive<CheckpointNode>();
+#endif
   node->region = c.region;
   node->fn = fn;
   node->rng_state = rng_states(rng_devices(c));
