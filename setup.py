@@ -46,7 +46,7 @@ def build_library() -> Path:
     if env:
         return Path(env)
     torch_dir, version = torch_cmake_dir()
-    candidates = [Path(os.environ.get("DFLASH_BUILD_DIR", "build")), Path("build")]
+    candidates = dict.fromkeys([os.environ.get("DFLASH_BUILD_DIR", "build"), "build"])
     found = [ROOT / c for c in candidates if configured_for(ROOT / c, torch_dir)]
     build = found[0] if found else ROOT / f"build-py-{version.split('+')[0]}"
     if not found:

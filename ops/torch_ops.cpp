@@ -43,17 +43,10 @@ void check_same(const at::Tensor& a, const at::Tensor& b, const char* op, const 
 
 // ---- fused loss -----------------------------------------------------------
 
-struct LossArgs {
-  int64_t ignore_index;
-  std::string reduction;
-  LossConfig cfg;
-  int64_t chunk;
-  bool compute_grad;
-};
-
 void check_loss_inputs(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& target,
                        const c10::optional<at::Tensor>& teacher,
-                       const c10::optional<at::Tensor>& row_weight, const LossArgs& a) {
+                       const c10::optional<at::Tensor>& row_weight, const LossConfig& cfg,
+                       const std::string& reduction) {
   TORCH_CHECK(input.dim() == 2, "dflash.fused_loss: input must be (N, H), found ", input.sizes());
   TORCH_CHECK(weight.dim() == 2 && weight.size(1) == input.size(1),
               "dflash.fused_loss: weight must be (V, H) with H = ", input.size(1), ", found ",
@@ -68,7 +61,7 @@ void check_loss_inputs(const at::Tensor& input, const at::Tensor& weight, const 
               target.device(), " but input is on ", input.device());
   // A teacher without a distillation weight is allowed (and unused): a
   // trainer passes it whatever its config's weights.
-  TORCH_CHECK(!a.cfg.uses_teacher() || (teacher.has_value() && teacher->defined()),
+  TORCH_CHECK(!cfg.uses_teacher() || (teacher.has_value() && teacher->defined()),
               "dflash.fused_loss: a distillation weight (kl, reverse_kl, jsd, tv) is set but "
               "teacher_input is None");
   if (teacher.has_value() && teacher->defined()) {
@@ -83,14 +76,14 @@ void check_loss_inputs(const at::Tensor& input, const at::Tensor& weight, const 
                     row_weight->device() == input.device(),
                 "dflash.fused_loss: row_weight must be (N) floating on input's device, found ",
                 row_weight->sizes(), " ", row_weight->scalar_type(), " on ", row_weight->device());
-  TORCH_CHECK(a.reduction == "mean" || a.reduction == "sum",
+  TORCH_CHECK(reduction == "mean" || reduction == "sum",
               "dflash.fused_loss: reduction must be 'mean' or 'sum' (the fused backward needs a "
               "scalar loss), found '",
-              a.reduction, "'");
-  TORCH_CHECK(a.cfg.temperature > 0, "dflash.fused_loss: temperature must be > 0, found ",
-              a.cfg.temperature);
-  TORCH_CHECK(a.cfg.jsd_beta >= 0 && a.cfg.jsd_beta <= 1,
-              "dflash.fused_loss: jsd_beta must lie in [0, 1], found ", a.cfg.jsd_beta);
+              reduction, "'");
+  TORCH_CHECK(cfg.temperature > 0, "dflash.fused_loss: temperature must be > 0, found ",
+              cfg.temperature);
+  TORCH_CHECK(cfg.jsd_beta >= 0 && cfg.jsd_beta <= 1,
+              "dflash.fused_loss: jsd_beta must lie in [0, 1], found ", cfg.jsd_beta);
 }
 
 // Returns (loss (), metrics (7) float64, grad_input (N, H) or (0)). metrics:
@@ -102,11 +95,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_loss_impl(
     int64_t ignore_index, c10::string_view reduction, double ce_weight, double kl_weight,
     double reverse_kl_weight, double jsd_weight, double jsd_beta, double tv_weight,
     double temperature, int64_t chunk_size, bool compute_grad) {
-  LossArgs a{ignore_index, std::string(reduction), LossConfig{}, chunk_size, compute_grad};
-  a.cfg.ce_weight = ce_weight, a.cfg.kl_weight = kl_weight;
-  a.cfg.reverse_kl_weight = reverse_kl_weight, a.cfg.jsd_weight = jsd_weight;
-  a.cfg.jsd_beta = jsd_beta, a.cfg.tv_weight = tv_weight, a.cfg.temperature = temperature;
-  check_loss_inputs(input, weight, target, teacher_input, row_weight, a);
+  LossConfig cfg;
+  cfg.ce_weight = ce_weight, cfg.kl_weight = kl_weight, cfg.reverse_kl_weight = reverse_kl_weight;
+  cfg.jsd_weight = jsd_weight, cfg.jsd_beta = jsd_beta, cfg.tv_weight = tv_weight;
+  cfg.temperature = temperature;
+  const std::string red(reduction);
+  check_loss_inputs(input, weight, target, teacher_input, row_weight, cfg, red);
   const int64_t N = input.size(0), H = input.size(1);
   const at::Tensor x = input.contiguous(), W = weight.contiguous();        // (N, H), (V, H)
   const at::Tensor rows = (target != ignore_index).nonzero().reshape(-1);  // (M) counted rows
@@ -124,15 +118,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_loss_impl(
                            ? row_weight->to(at::kDouble).index_select(0, rows)
                            : at::ones({rows.numel()}, f64);  // (M)
   const at::Tensor teacher =
-      a.cfg.uses_teacher() ? teacher_input->contiguous() : x.new_empty({0, H});  // (N, H) or (0, H)
+      cfg.uses_teacher() ? teacher_input->contiguous() : x.new_empty({0, H});  // (N, H) or (0, H)
   const optimized::FusedLossForward f = optimized::chunked_lm_loss_forward(
-      x, teacher, W, rows, rows, labels, w, a.cfg, chunk_size, kernels_for(x), compute_grad);
+      x, teacher, W, rows, rows, labels, w, cfg, chunk_size, kernels_for(x), compute_grad);
   const optimized::ChunkedLossOut& r = f.out;
   const at::ScalarType acc = r.num.scalar_type();
   const at::Tensor wsum = r.weights.sum();  // () float64
   at::Tensor den = at::ones({}, f64);
-  if (a.reduction == "mean") den = at::where(wsum > 0, wsum, den);  // 0/0 := 0
-  const at::Tensor loss = r.num / den.to(acc);  // () fp32 (fp64 for float64 input)
+  if (red == "mean") den = at::where(wsum > 0, wsum, den);  // 0/0 := 0
+  const at::Tensor loss = r.num / den.to(acc);              // () fp32 (fp64 for float64 input)
   auto ratio = [&](const at::Tensor& t) { return (r.weights * t).sum() / den; };
   const at::Tensor hits = (r.argmax == labels).to(at::kDouble).sum();
   const at::Tensor accuracy = hits / std::max<int64_t>(rows.numel(), 1);

@@ -23,7 +23,6 @@ import tomllib
 from pathlib import Path
 from typing import Mapping, Optional, Union
 
-import torch
 from torch import Tensor, nn
 
 INPUTS = ("input_ids", "loss_mask", "features", "target_hidden", "anchors", "keep")

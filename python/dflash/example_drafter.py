@@ -118,7 +118,6 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(s.num_heads * hd, H, bias=False)
         self.q_norm = RMSNorm(hd, s.eps)
         self.k_norm = RMSNorm(hd, s.eps)
-        self.s = s
 
 
 class MLP(nn.Module):
